@@ -1,0 +1,131 @@
+/*-------------------------------------------------------------------------
+ *
+ * idempotency.c
+ *	  Module entry point of the idempotency extension: the module magic,
+ *	  _PG_init and the configuration parameters (GUCs) every other file
+ *	  reads.
+ *
+ * Shared memory for the statistics counters is requested by stats.c, which
+ * is initialised from here; it exists only when the library is listed in
+ * shared_preload_libraries.
+ *
+ * IDENTIFICATION
+ *	  idempotency.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <limits.h>
+
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/guc.h"
+
+#include "idempotency.h"
+
+PG_MODULE_MAGIC;
+
+char	   *idem_session_tenant = NULL;
+int			idem_default_ttl = 24 * 60 * 60;
+int			idem_default_lock_timeout = 5 * 60;
+int			idem_max_request_size = 1024 * 1024;
+int			idem_max_response_size = 1024 * 1024;
+int			idem_max_payload_size = 1024 * 1024;
+int			idem_outbox_max_attempts = 10;
+int			idem_outbox_retention = 7 * 24 * 60 * 60;
+int			idem_stats_max_entries = 1000;
+bool		idem_loaded_at_startup = false;
+
+void		_PG_init(void);
+
+void
+_PG_init(void)
+{
+	idem_loaded_at_startup = process_shared_preload_libraries_in_progress;
+
+	DefineCustomStringVariable("idempotency.tenant",
+							   gettext_noop("Tenant this session acts for; calls naming another tenant are refused."),
+							   gettext_noop("Empty means no check.  Set it with SET LOCAL from the tenant the application authenticated."),
+							   &idem_session_tenant,
+							   "",
+							   PGC_USERSET,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.default_ttl",
+							gettext_noop("How long a key is kept when its scope sets no ttl."),
+							NULL,
+							&idem_default_ttl,
+							24 * 60 * 60, 1, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.default_lock_timeout",
+							gettext_noop("Age after which a processing reservation is stale when its scope sets no lock_timeout."),
+							NULL,
+							&idem_default_lock_timeout,
+							5 * 60, 1, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_request_size",
+							gettext_noop("Largest request body idem_reserve accepts."),
+							NULL,
+							&idem_max_request_size,
+							1024 * 1024, 1, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_response_size",
+							gettext_noop("Largest stored response (body plus headers) idem_complete accepts."),
+							NULL,
+							&idem_max_response_size,
+							1024 * 1024, 1, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_payload_size",
+							gettext_noop("Largest outbox payload (plus headers) outbox_enqueue accepts."),
+							NULL,
+							&idem_max_payload_size,
+							1024 * 1024, 1, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.outbox_max_attempts",
+							gettext_noop("Delivery attempts before an outbox row is dead-lettered, unless the row sets its own."),
+							NULL,
+							&idem_outbox_max_attempts,
+							10, 1, 1000000,
+							PGC_USERSET,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.outbox_retention",
+							gettext_noop("How long delivered outbox rows are kept before idem_maintain purges them."),
+							NULL,
+							&idem_outbox_retention,
+							7 * 24 * 60 * 60, 0, INT_MAX,
+							PGC_SUSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.stats_max_entries",
+							gettext_noop("Number of (tenant, scope) pairs whose counters are kept in shared memory."),
+							gettext_noop("Pairs beyond it are counted under tenant and scope \"(other)\"."),
+							&idem_stats_max_entries,
+							1000, 16, 1000000,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("idempotency");
+
+	idem_stats_init();
+}

@@ -1,0 +1,93 @@
+/*-------------------------------------------------------------------------
+ *
+ * idempotency.h
+ *	  Declarations shared by the modules of the idempotency extension.
+ *
+ * The extension is split into one C file per area: module entry and GUCs
+ * (idempotency.c), canonical request fingerprints (fingerprint.c), the key
+ * lifecycle (keys.c), the transactional outbox (outbox.c), maintenance
+ * (maintenance.c) and shared-memory counters (stats.c).  Only what crosses
+ * a file boundary is declared here.
+ *
+ * IDENTIFICATION
+ *	  idempotency.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEMPOTENCY_H
+#define IDEMPOTENCY_H
+
+#include "postgres.h"
+
+#include "utils/array.h"
+#include "utils/jsonb.h"
+
+/* Length of a request fingerprint: SHA-256. */
+#define IDEM_FINGERPRINT_LEN 32
+
+/* Longest idempotency key accepted, in bytes (printable ASCII only). */
+#define IDEM_MAX_KEY_LEN 255
+
+/* ----------------------------------------------------------------
+ * idempotency.c: configuration (GUCs)
+ * ----------------------------------------------------------------
+ */
+extern char *idem_session_tenant;	/* idempotency.tenant, "" when unset */
+extern int	idem_default_ttl;		/* seconds */
+extern int	idem_default_lock_timeout;	/* seconds */
+extern int	idem_max_request_size;	/* bytes */
+extern int	idem_max_response_size; /* bytes */
+extern int	idem_max_payload_size;	/* bytes */
+extern int	idem_outbox_max_attempts;
+extern int	idem_outbox_retention;	/* seconds */
+extern int	idem_stats_max_entries; /* (tenant, scope) pairs in shared memory */
+
+/* True while _PG_init runs from shared_preload_libraries. */
+extern bool idem_loaded_at_startup;
+
+/* ----------------------------------------------------------------
+ * fingerprint.c: RFC 8785 canonical JSON and SHA-256
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Compute the SHA-256 of the canonical form of "request" with the members
+ * named by the JSON Pointers in "ignore" (a text[] or NULL) removed.
+ * Errors: 22003 for a number outside the double range, 22P02 (or similar)
+ * for a malformed pointer.
+ */
+extern void idem_compute_fingerprint(Jsonb *request, ArrayType *ignore,
+									 uint8 *result);
+
+/* Canonical (RFC 8785) text of "request", palloc'd in the current context. */
+extern char *idem_canonical_text(Jsonb *request, ArrayType *ignore);
+
+/* ----------------------------------------------------------------
+ * stats.c: cumulative counters per (tenant, scope) in shared memory
+ * ----------------------------------------------------------------
+ */
+typedef enum IdemCounter
+{
+	IDEM_STAT_CREATED,
+	IDEM_STAT_REPLAYED,
+	IDEM_STAT_IN_PROGRESS,
+	IDEM_STAT_MISMATCHED,
+	IDEM_STAT_STALE,
+	IDEM_STAT_COMPLETED,
+	IDEM_STAT_RELEASED,
+	IDEM_STAT_REAPED,
+	IDEM_STAT_SWEPT,
+	IDEM_STAT_NCOUNTERS
+} IdemCounter;
+
+/*
+ * Add "n" to one counter of (tenant, scope).  Cheap, never errors, and a
+ * no-op when the library was not preloaded (no shared memory).
+ */
+extern void idem_stats_count(const char *tenant, const char *scope,
+							 IdemCounter counter, int64 n);
+
+/* Module initialisation, called from _PG_init. */
+extern void idem_stats_init(void);
+
+#endif							/* IDEMPOTENCY_H */

@@ -1,0 +1,119 @@
+/* idempotency--1.0.sql: idempotency keys, request fingerprints, outbox */
+
+-- complain if script is sourced in psql, rather than via CREATE EXTENSION
+\echo Use "CREATE EXTENSION idempotency" to load this file. \quit
+
+/*
+ * Tables, types and views live in schema "idempotency"; the functions users
+ * call are created in the extension's schema (@extschema@, default public).
+ * No table is readable by PUBLIC: the user-facing functions are SECURITY
+ * DEFINER with a fixed search_path, and name every object schema-qualified.
+ */
+CREATE SCHEMA idempotency;
+REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
+GRANT USAGE ON SCHEMA idempotency TO PUBLIC;
+
+CREATE TYPE idempotency.status AS ENUM ('processing', 'succeeded', 'failed');
+
+CREATE TYPE idempotency.outcome AS ENUM
+    ('created', 'replay', 'in_progress', 'mismatch', 'stale');
+
+CREATE TYPE idempotency.stale_action AS ENUM ('fail', 'takeover');
+
+CREATE TYPE idempotency.outbox_status AS ENUM ('pending', 'leased', 'done', 'dead');
+
+/*
+ * What idem_reserve answers.  http_status is what the application should
+ * answer its client with (NULL for "created": go ahead); retry_after is in
+ * whole seconds, for the Retry-After header of a 409.
+ */
+CREATE TYPE idempotency.reservation AS (
+    outcome          idempotency.outcome,
+    http_status      int,
+    response_code    int,
+    response_body    jsonb,
+    response_headers jsonb,
+    retry_after      int,
+    recovery_point   text,
+    lock_token       uuid,
+    expires_at       timestamptz
+);
+
+/*
+ * One row per idempotency key.  The primary key starts with the tenant so
+ * the table can be distributed by tenant.  No index covers a column that
+ * changes when a key is completed, so completion is a HOT update; the
+ * fillfactor leaves room on the page for it.  expires_at is fixed when the
+ * key is reserved, so the reaper's index on it does not break HOT either.
+ */
+CREATE TABLE idempotency.keys (
+    tenant_id            text NOT NULL,
+    scope                text NOT NULL,
+    idem_key             text NOT NULL,
+    fingerprint          bytea NOT NULL,
+    status               idempotency.status NOT NULL DEFAULT 'processing',
+    lock_token           uuid,
+    locked_at            timestamptz,
+    recovery_point       text,
+    response_code        int,
+    response_body        jsonb,
+    response_headers     jsonb,
+    needs_reconciliation bool NOT NULL DEFAULT false,
+    created_at           timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    completed_at         timestamptz,
+    expires_at           timestamptz NOT NULL,
+    CONSTRAINT keys_pkey PRIMARY KEY (tenant_id, scope, idem_key),
+    CONSTRAINT keys_fingerprint_length CHECK (pg_catalog.octet_length(fingerprint) = 32),
+    CONSTRAINT keys_key_length CHECK (pg_catalog.octet_length(idem_key) BETWEEN 1 AND 255)
+) WITH (fillfactor = 70,
+        autovacuum_vacuum_scale_factor = 0.02,
+        autovacuum_vacuum_insert_scale_factor = 0.05,
+        autovacuum_analyze_scale_factor = 0.05);
+
+CREATE INDEX keys_expires_at_idx ON idempotency.keys (expires_at);
+
+/*
+ * Per-scope policy.  A scope with no row here uses the GUC defaults
+ * (idempotency.default_ttl, idempotency.default_lock_timeout).
+ */
+CREATE TABLE idempotency.scopes (
+    scope               text PRIMARY KEY,
+    ttl                 interval,
+    lock_timeout        interval,
+    cache_server_errors bool NOT NULL DEFAULT false,
+    stale_action        idempotency.stale_action NOT NULL DEFAULT 'fail',
+    fingerprint_ignore  text[],
+    CONSTRAINT scopes_ttl_positive CHECK (ttl > interval '0'),
+    CONSTRAINT scopes_lock_timeout_positive CHECK (lock_timeout > interval '0')
+);
+
+/*
+ * Transactional outbox: intents written in the same transaction as the
+ * key and the business rows, delivered by workers outside the database.
+ */
+CREATE TABLE idempotency.outbox (
+    tenant_id    text NOT NULL,
+    id           bigint GENERATED ALWAYS AS IDENTITY,
+    topic        text NOT NULL,
+    payload      jsonb NOT NULL,
+    headers      jsonb,
+    idem_scope   text,
+    idem_key     text,
+    status       idempotency.outbox_status NOT NULL DEFAULT 'pending',
+    attempts     int NOT NULL DEFAULT 0,
+    max_attempts int NOT NULL,
+    available_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    lease_token  uuid,
+    leased_by    text,
+    lease_until  timestamptz,
+    last_error   text,
+    provider_ref text,
+    created_at   timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    done_at      timestamptz,
+    CONSTRAINT outbox_pkey PRIMARY KEY (tenant_id, id),
+    CONSTRAINT outbox_max_attempts_positive CHECK (max_attempts > 0)
+) WITH (fillfactor = 80,
+        autovacuum_vacuum_scale_factor = 0.02,
+        autovacuum_analyze_scale_factor = 0.05);
+
+REVOKE ALL ON ALL TABLES IN SCHEMA idempotency FROM PUBLIC;

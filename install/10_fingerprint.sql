@@ -1,0 +1,2 @@
+
+/* ---- fingerprint.c: canonical JSON and request fingerprints ---- */

@@ -1,0 +1,2 @@
+
+/* ---- keys.c: reserve, complete, replay ---- */

@@ -1,0 +1,2 @@
+
+/* ---- outbox.c: transactional outbox ---- */

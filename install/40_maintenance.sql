@@ -1,0 +1,2 @@
+
+/* ---- maintenance.c: reaper, sweeper, pg_cron scheduling ---- */

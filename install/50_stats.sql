@@ -1,0 +1,2 @@
+
+/* ---- stats.c: counters and health ---- */

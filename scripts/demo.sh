@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# make demo: install what is missing, build, install, start a throwaway
+# cluster and walk through the extension step by step.  Run as root.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/lib.sh"
+
+bash "$top/scripts/deps.sh"
+stage_tree "$top"
+echo "demo: building in $WORK"
+build_and_install ""
+cluster_options
+echo "demo: starting a throwaway cluster (removed when the demo ends)"
+rc=0
+as_postgres pg_virtualenv "${CLUSTER_OPTS[@]}" bash "$WORK/scripts/demo-cluster.sh" "$WORK" || rc=$?
+rm -rf "$WORK"
+exit $rc

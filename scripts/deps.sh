@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Install the Debian 12 packages the extension, its tests and its demo need,
+# skipping what is already there.  Run as root.
+set -euo pipefail
+
+packages=(
+    postgresql-15               # server, contrib (pgcrypto, the test oracle)
+    postgresql-server-dev-15    # PGXS, headers, pg_regress, isolation tester, TAP modules
+    postgresql-15-cron          # pg_cron 1.4: schedules idem_maintain
+    libipc-run-perl             # TAP framework
+    python3-psycopg             # examples/payments: a real client library
+    curl                        # the demo talks HTTP to the example service
+    make
+    gcc
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "deps: all packages present"
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "deps: missing packages: ${missing[*]}" >&2
+    echo "deps: run as root (or install them) and try again" >&2
+    exit 1
+fi
+
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "deps: done"

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs inside pg_virtualenv as postgres (from scripts/test.sh): each suite in
+# turn, then a summary.  A failing suite prints its diffs and logs.
+set -uo pipefail
+WORK=$1
+cd "$WORK"
+
+psql -X -q -d postgres -c 'CREATE EXTENSION IF NOT EXISTS pg_cron' || exit 1
+
+passed=0
+failed=0
+failed_names=()
+
+show_file() {
+    if [ -s "$1" ]; then
+        echo "======== $1"
+        cat "$1"
+    fi
+}
+
+run_suite() {
+    local name=$1
+    shift
+    echo "======== suite: $name"
+    if make -s installcheck "$@"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        failed_names+=("$name")
+        show_file regression.diffs
+        show_file output_iso/regression.diffs
+        for f in tmp_check/log/*; do
+            [ -f "$f" ] || continue
+            echo "======== $f (last 200 lines)"
+            tail -n 200 "$f"
+        done
+    fi
+}
+
+run_suite regression ISOLATION= TAP_TESTS=
+run_suite isolation REGRESS= TAP_TESTS=
+run_suite tap REGRESS= ISOLATION=
+
+if [ $failed -ne 0 ]; then
+    echo "failed suites: ${failed_names[*]}"
+    # pg_virtualenv prints the tail of this cluster's server log on exit
+fi
+echo "suites: $passed passed, $failed failed"
+[ $failed -eq 0 ]
