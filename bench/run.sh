@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# make bench [BENCH="fingerprint keys ..."]: build and install as make test
+# does, start a throwaway cluster, and run each workload under bench/NAME/
+# (its run.sh), which prints ratios against a baseline measured in the same
+# run.  Run as root.  Not part of make test: timings belong here, not in tests.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/lib.sh"
+
+bash "$top/scripts/deps.sh"
+stage_tree "$top"
+build_and_install ""
+cluster_options
+# benchmarks run with durable commits, as production does
+CLUSTER_OPTS=("${CLUSTER_OPTS[@]/fsync=off/fsync=on}")
+CLUSTER_OPTS+=(-o "shared_buffers=1GB" -o "max_wal_size=4GB")
+
+names=${BENCH:-}
+if [ -z "$names" ]; then
+    names=$(cd "$top/bench" && for d in */; do [ -x "$d/run.sh" ] && echo "${d%/}"; done)
+fi
+echo "bench: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(pg_config --version)"
+rc=0
+as_postgres pg_virtualenv "${CLUSTER_OPTS[@]}" bash -c '
+    set -e
+    psql -X -q -d postgres -c "CREATE EXTENSION IF NOT EXISTS pg_cron"
+    for n in '"$(echo $names)"'; do
+        echo "################ bench/$n"
+        (cd "'"$WORK"'/bench/$n" && ./run.sh)
+    done' || rc=$?
+rm -rf "$WORK"
+exit $rc
