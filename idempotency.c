@@ -39,6 +39,26 @@ bool		idem_loaded_at_startup = false;
 
 void		_PG_init(void);
 
+/*
+ * idem_check_tenant
+ *		Defence in depth for applications that derive the tenant from an
+ *		authentication token and SET LOCAL idempotency.tenant: every function
+ *		that takes a tenant calls this before touching a table.
+ */
+void
+idem_check_tenant(const char *tenant)
+{
+	if (idem_session_tenant == NULL || idem_session_tenant[0] == '\0')
+		return;
+	if (strcmp(tenant, idem_session_tenant) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("tenant \"%s\" does not match idempotency.tenant", tenant),
+				 errdetail("This session is bound to tenant \"%s\".",
+						   idem_session_tenant),
+				 errhint("Pass the tenant the session was authenticated for, or reset idempotency.tenant.")));
+}
+
 void
 _PG_init(void)
 {

@@ -45,6 +45,13 @@ extern int	idem_stats_max_entries; /* (tenant, scope) pairs in shared memory */
 /* True while _PG_init runs from shared_preload_libraries. */
 extern bool idem_loaded_at_startup;
 
+/*
+ * Refuse a call naming "tenant" when the session is bound to another one by
+ * idempotency.tenant (SQLSTATE 42501).  "tenant" must not be NULL: callers
+ * check that first (22004) so the message can name the argument.
+ */
+extern void idem_check_tenant(const char *tenant);
+
 /* ----------------------------------------------------------------
  * fingerprint.c: RFC 8785 canonical JSON and SHA-256
  * ----------------------------------------------------------------
