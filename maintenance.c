@@ -1,6 +1,29 @@
 /*-------------------------------------------------------------------------
  *
  * maintenance.c
+ *	  The reaper (expired keys), the sweeper (stale processing keys), outbox
+ *	  lease recovery and purge, and pg_cron scheduling of all of it.
+ *
+ * Every function here is a short, single-statement piece of work that the
+ * procedure idem_maintain (a PL/pgSQL procedure in the install script)
+ * strings together with a COMMIT between pieces.  The procedure itself
+ * cannot be SECURITY DEFINER (PostgreSQL forbids transaction control there),
+ * so each piece is: it runs with the extension owner's rights, a fixed
+ * search_path, and EXECUTE revoked from PUBLIC.
+ *
+ * Locking: each statement first selects its victims FOR UPDATE SKIP LOCKED,
+ * then changes exactly those rows (by ctid, which cannot move while we hold
+ * the row lock).  A row that a request is reserving, completing or
+ * delivering right now is locked by that request and simply skipped: the
+ * maintenance never waits for the hot path and the hot path never waits
+ * for more than the rows of one batch.  The reaper selects through the
+ * index on expires_at with a LIMIT, so one batch is cheap however large
+ * the table is; the sweeper reads the whole table, because the only column
+ * that identifies processing keys is status, which deliberately has no
+ * index (completion must stay a HOT update).
+ *
+ * No string is spliced into SQL: every statement is a saved plan with
+ * parameters.  The pg_cron command text is a parameter value.
  *
  * IDENTIFICATION
  *	  maintenance.c
@@ -9,4 +32,496 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
+#include "commands/extension.h"
+#include "datatype/timestamp.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/timestamp.h"
+
 #include "idempotency.h"
+
+/* Largest batch accepted by idem_reap and idem_purge_outbox. */
+#define IDEM_MAX_BATCH 1000000
+
+/* Name prefix of the pg_cron job; the database name follows it. */
+#define IDEM_CRON_JOB_PREFIX "idempotency-maintenance-"
+
+PG_FUNCTION_INFO_V1(idem_reap);
+PG_FUNCTION_INFO_V1(idem_sweep);
+PG_FUNCTION_INFO_V1(idem_reclaim_leases);
+PG_FUNCTION_INFO_V1(idem_purge_outbox);
+PG_FUNCTION_INFO_V1(idem_schedule_maintenance);
+PG_FUNCTION_INFO_V1(idem_unschedule_maintenance);
+
+/*
+ * The reaper: one batch of expired, finished keys, oldest first.  A key
+ * flagged for reconciliation is kept until an operator resolves it, even
+ * past expires_at: deleting it would lose the only record that an outcome
+ * is unknown.  Returns the deleted count per (tenant, scope) for the stats.
+ */
+static const char *reap_sql =
+"WITH batch AS ("
+"    SELECT k.ctid AS row_id"
+"      FROM idempotency.keys k"
+"     WHERE k.expires_at < now()"
+"       AND k.status <> 'processing'"
+"       AND NOT k.needs_reconciliation"
+"     ORDER BY k.expires_at"
+"     LIMIT $1"
+"       FOR UPDATE SKIP LOCKED),"
+" gone AS ("
+"    DELETE FROM idempotency.keys k"
+"     WHERE k.ctid = ANY (ARRAY(SELECT row_id FROM batch))"
+" RETURNING k.tenant_id, k.scope)"
+" SELECT tenant_id, scope, count(*) FROM gone GROUP BY tenant_id, scope";
+
+/*
+ * The sweeper: committed processing keys whose lock is older than $1 when
+ * given, else the scope's lock_timeout, else the GUC ($2).  Scopes with
+ * stale_action = takeover keep their stale keys for the next attempt, which
+ * takes them over; once such a key is also past expires_at nobody is coming
+ * back for it, and it is flagged like the others (otherwise it would stay
+ * processing, unreapable, for ever).
+ */
+static const char *sweep_sql =
+"WITH stale AS ("
+"    SELECT k.ctid AS row_id"
+"      FROM idempotency.keys k"
+"      LEFT JOIN idempotency.scopes s ON s.scope = k.scope"
+"     WHERE k.status = 'processing'"
+"       AND coalesce(k.locked_at, k.created_at)"
+"           < now() - coalesce($1, s.lock_timeout, $2)"
+"       AND (coalesce(s.stale_action, 'fail') = 'fail'"
+"            OR k.expires_at < now())"
+"       FOR UPDATE OF k SKIP LOCKED),"
+" flagged AS ("
+"    UPDATE idempotency.keys k"
+"       SET status = 'failed', needs_reconciliation = true"
+"     WHERE k.ctid = ANY (ARRAY(SELECT row_id FROM stale))"
+" RETURNING k.tenant_id, k.scope)"
+" SELECT tenant_id, scope, count(*) FROM flagged GROUP BY tenant_id, scope";
+
+/*
+ * Expired outbox leases: the worker died or gave up silently.  The message
+ * goes back to pending, or to the dead letters when the lease was its last
+ * allowed attempt (a message that crashes its worker every time must not
+ * circulate for ever).
+ */
+static const char *reclaim_sql =
+"WITH expired AS ("
+"    SELECT o.ctid AS row_id"
+"      FROM idempotency.outbox o"
+"     WHERE o.status = 'leased' AND o.lease_until < now()"
+"       FOR UPDATE SKIP LOCKED)"
+" UPDATE idempotency.outbox o"
+"    SET status = CASE WHEN o.attempts >= o.max_attempts"
+"                      THEN 'dead' ELSE 'pending' END::idempotency.outbox_status,"
+"        last_error = CASE WHEN o.attempts >= o.max_attempts"
+"                          THEN 'lease expired on the last attempt'"
+"                          ELSE o.last_error END,"
+"        lease_token = NULL, leased_by = NULL, lease_until = NULL"
+"  WHERE o.ctid = ANY (ARRAY(SELECT row_id FROM expired))";
+
+/* One batch of delivered outbox rows older than the retention ($2). */
+static const char *purge_sql =
+"WITH old AS ("
+"    SELECT o.ctid AS row_id"
+"      FROM idempotency.outbox o"
+"     WHERE o.status = 'done' AND o.done_at < now() - $2"
+"     LIMIT $1"
+"       FOR UPDATE SKIP LOCKED)"
+" DELETE FROM idempotency.outbox o"
+"  WHERE o.ctid = ANY (ARRAY(SELECT row_id FROM old))";
+
+/* pg_cron upserts a job by (name, user): scheduling twice updates it. */
+static const char *schedule_sql =
+"SELECT cron.schedule_in_database($1, $2, $3, $4)";
+
+static const char *unschedule_sql =
+"SELECT cron.unschedule(j.jobid) FROM cron.job j"
+" WHERE j.jobname = $1 AND j.username = current_user";
+
+static SPIPlanPtr reap_plan = NULL;
+static SPIPlanPtr sweep_plan = NULL;
+static SPIPlanPtr reclaim_plan = NULL;
+static SPIPlanPtr purge_plan = NULL;
+static SPIPlanPtr schedule_plan = NULL;
+static SPIPlanPtr unschedule_plan = NULL;
+
+/*
+ * prepare_saved
+ *		Prepare "sql" once per backend and keep the plan (*plan caches it).
+ *		Must be called inside SPI_connect.
+ */
+static SPIPlanPtr
+prepare_saved(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
+{
+	if (*plan == NULL)
+	{
+		SPIPlanPtr	p = SPI_prepare(sql, nargs, argtypes);
+
+		if (p == NULL)
+			elog(ERROR, "SPI_prepare failed: %s",
+				 SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(p) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		*plan = p;
+	}
+	return *plan;
+}
+
+/*
+ * check_batch_size
+ *		Bad input raises before any write.
+ */
+static int32
+check_batch_size(FunctionCallInfo fcinfo, const char *funcname)
+{
+	int32		batch_size;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("batch_size must not be null"),
+				 errhint("Call %s() without arguments for the default batch of 5000.",
+						 funcname)));
+	batch_size = PG_GETARG_INT32(0);
+	if (batch_size < 1 || batch_size > IDEM_MAX_BATCH)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch_size must be between 1 and %d", IDEM_MAX_BATCH),
+				 errdetail("The value given was %d.", batch_size),
+				 errhint("Use a batch of a few thousand rows so each transaction stays short.")));
+	return batch_size;
+}
+
+/* An interval of "seconds" (a GUC value), palloc'd. */
+static Datum
+seconds_interval(int seconds)
+{
+	Interval   *iv = (Interval *) palloc0(sizeof(Interval));
+
+	iv->time = (TimeOffset) seconds * USECS_PER_SEC;
+	return IntervalPGetDatum(iv);
+}
+
+/*
+ * count_result
+ *		Sum the (tenant, scope, count) rows of the last SPI statement and add
+ *		each to the stats counter "counter".
+ */
+static int64
+count_result(IdemCounter counter)
+{
+	int64		total = 0;
+	uint64		i;
+
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		char	   *tenant = SPI_getvalue(tuple, desc, 1);
+		char	   *scope = SPI_getvalue(tuple, desc, 2);
+		bool		isnull;
+		int64		n = DatumGetInt64(SPI_getbinval(tuple, desc, 3, &isnull));
+
+		total += n;
+		idem_stats_count(tenant, scope, counter, n);
+	}
+	return total;
+}
+
+/*
+ * idem_reap
+ *		SQL: idem_reap(batch_size int DEFAULT 5000) RETURNS bigint
+ *
+ * Deletes at most batch_size keys that are expired, not processing and not
+ * awaiting reconciliation, oldest expiry first, skipping rows locked by
+ * others.  Row locks: the deleted rows only.  Counts "reaped" per (tenant,
+ * scope).  Returns the number deleted; fewer than batch_size means the
+ * backlog is (momentarily) done.
+ */
+Datum
+idem_reap(PG_FUNCTION_ARGS)
+{
+	int32		batch_size = check_batch_size(fcinfo, "idem_reap");
+	Oid			argtypes[1] = {INT4OID};
+	Datum		values[1];
+	int			ret;
+	int64		total;
+
+	values[0] = Int32GetDatum(batch_size);
+
+	SPI_connect();
+	ret = SPI_execute_plan(prepare_saved(&reap_plan, reap_sql, 1, argtypes),
+						   values, NULL, false, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "reaping keys failed: %s", SPI_result_code_string(ret));
+	total = count_result(IDEM_STAT_REAPED);
+	SPI_finish();
+
+	PG_RETURN_INT64(total);
+}
+
+/*
+ * idem_sweep
+ *		SQL: idem_sweep(older_than interval DEFAULT NULL) RETURNS bigint
+ *
+ * Flags stale processing keys (see sweep_sql): status failed and
+ * needs_reconciliation, for an operator to settle with idem_resolve.
+ * older_than, when given, replaces every scope's lock_timeout.  Row locks:
+ * the flagged rows only; rows locked by a live request are skipped.  Counts
+ * "swept" per (tenant, scope) and returns the number flagged.
+ */
+Datum
+idem_sweep(PG_FUNCTION_ARGS)
+{
+	Oid			argtypes[2] = {INTERVALOID, INTERVALOID};
+	Datum		values[2];
+	char		nulls[2] = {' ', ' '};
+	int			ret;
+	int64		total;
+
+	if (PG_ARGISNULL(0))
+	{
+		values[0] = (Datum) 0;
+		nulls[0] = 'n';
+	}
+	else
+	{
+		Interval   *older_than = PG_GETARG_INTERVAL_P(0);
+		Interval   *zero = (Interval *) palloc0(sizeof(Interval));
+
+		if (DatumGetInt32(DirectFunctionCall2(interval_cmp,
+											  IntervalPGetDatum(older_than),
+											  IntervalPGetDatum(zero))) <= 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("older_than must be a positive interval"),
+					 errhint("Pass the age after which a processing key counts as stale, such as '10 minutes', or NULL for each scope's lock_timeout.")));
+		values[0] = IntervalPGetDatum(older_than);
+	}
+	values[1] = seconds_interval(idem_default_lock_timeout);
+
+	SPI_connect();
+	ret = SPI_execute_plan(prepare_saved(&sweep_plan, sweep_sql, 2, argtypes),
+						   values, nulls, false, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "sweeping keys failed: %s", SPI_result_code_string(ret));
+	total = count_result(IDEM_STAT_SWEPT);
+	SPI_finish();
+
+	PG_RETURN_INT64(total);
+}
+
+/*
+ * idem_reclaim_leases
+ *		SQL: idem_reclaim_leases() RETURNS bigint
+ *
+ * Returns outbox rows whose lease has expired to pending (dead when that
+ * was the last attempt) and clears the lease.  Row locks: those rows;
+ * rows a worker is acknowledging right now are skipped.
+ */
+Datum
+idem_reclaim_leases(PG_FUNCTION_ARGS)
+{
+	int			ret;
+	int64		total;
+
+	SPI_connect();
+	ret = SPI_execute_plan(prepare_saved(&reclaim_plan, reclaim_sql, 0, NULL),
+						   NULL, NULL, false, 0);
+	if (ret != SPI_OK_UPDATE)
+		elog(ERROR, "reclaiming outbox leases failed: %s",
+			 SPI_result_code_string(ret));
+	total = (int64) SPI_processed;
+	SPI_finish();
+
+	PG_RETURN_INT64(total);
+}
+
+/*
+ * idem_purge_outbox
+ *		SQL: idem_purge_outbox(batch_size int DEFAULT 5000) RETURNS bigint
+ *
+ * Deletes at most batch_size delivered (done) outbox rows whose done_at is
+ * older than idempotency.outbox_retention.  Pending, leased and dead rows
+ * are never touched.  Row locks: the deleted rows.
+ */
+Datum
+idem_purge_outbox(PG_FUNCTION_ARGS)
+{
+	int32		batch_size = check_batch_size(fcinfo, "idem_purge_outbox");
+	Oid			argtypes[2] = {INT4OID, INTERVALOID};
+	Datum		values[2];
+	int			ret;
+	int64		total;
+
+	values[0] = Int32GetDatum(batch_size);
+	values[1] = seconds_interval(idem_outbox_retention);
+
+	SPI_connect();
+	ret = SPI_execute_plan(prepare_saved(&purge_plan, purge_sql, 2, argtypes),
+						   values, NULL, false, 0);
+	if (ret != SPI_OK_DELETE)
+		elog(ERROR, "purging the outbox failed: %s",
+			 SPI_result_code_string(ret));
+	total = (int64) SPI_processed;
+	SPI_finish();
+
+	PG_RETURN_INT64(total);
+}
+
+/* Name of this database's maintenance job, palloc'd. */
+static char *
+cron_job_name(void)
+{
+	return psprintf("%s%s", IDEM_CRON_JOB_PREFIX,
+					get_database_name(MyDatabaseId));
+}
+
+/*
+ * "CALL <extension schema>.idem_maintain()", palloc'd.  The calling
+ * function lives in the extension's schema, like idem_maintain.
+ */
+static char *
+maintain_command(FunctionCallInfo fcinfo)
+{
+	char	   *nspname = get_namespace_name(get_func_namespace(fcinfo->flinfo->fn_oid));
+
+	return psprintf("CALL %s.idem_maintain()", quote_identifier(nspname));
+}
+
+/*
+ * require_pg_cron
+ *		pg_cron's functions exist only in the one database named by
+ *		cron.database_name.  Anywhere else, say exactly what to run there
+ *		instead ("sql_there", already a complete statement).
+ */
+static void
+require_pg_cron(const char *sql_there)
+{
+	const char *crondb;
+
+	if (OidIsValid(get_extension_oid("pg_cron", true)))
+		return;
+
+	crondb = GetConfigOption("cron.database_name", true, false);
+	if (crondb == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("pg_cron is not loaded on this server"),
+				 errdetail("Scheduled maintenance needs pg_cron in shared_preload_libraries."),
+				 errhint("Add pg_cron to shared_preload_libraries, restart, run CREATE EXTENSION pg_cron in the database named by cron.database_name, and there run: %s",
+						 sql_there)));
+
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("pg_cron is not installed in database \"%s\"",
+					get_database_name(MyDatabaseId)),
+			 errdetail("pg_cron's functions exist only in the database named by cron.database_name (\"%s\").",
+					   crondb),
+			 errhint("Connect to database \"%s\" as a superuser and run: %s",
+					 crondb, sql_there)));
+}
+
+/*
+ * idem_schedule_maintenance
+ *		SQL: idem_schedule_maintenance(schedule text DEFAULT '* * * * *')
+ *			 RETURNS bigint
+ *
+ * Registers, or updates, the pg_cron job "idempotency-maintenance-<db>"
+ * that runs CALL <schema>.idem_maintain() in this database, as the
+ * extension owner.  Returns the job id.  Without pg_cron in this database,
+ * raises 55000 with the cron.schedule_in_database call to run in pg_cron's
+ * database.  Writes: one row of cron.job.
+ */
+Datum
+idem_schedule_maintenance(PG_FUNCTION_ARGS)
+{
+	Oid			argtypes[4] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID};
+	Datum		values[4];
+	char	   *schedule;
+	char	   *jobname;
+	char	   *command;
+	char	   *dbname;
+	int			ret;
+	bool		isnull;
+	int64		jobid;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("schedule must not be null"),
+				 errhint("Pass a cron schedule such as '* * * * *' (every minute), or no argument for that default.")));
+
+	schedule = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	jobname = cron_job_name();
+	command = maintain_command(fcinfo);
+	dbname = get_database_name(MyDatabaseId);
+
+	require_pg_cron(psprintf("SELECT cron.schedule_in_database(%s, %s, %s, %s);",
+							 quote_literal_cstr(jobname),
+							 quote_literal_cstr(schedule),
+							 quote_literal_cstr(command),
+							 quote_literal_cstr(dbname)));
+
+	values[0] = CStringGetTextDatum(jobname);
+	values[1] = CStringGetTextDatum(schedule);
+	values[2] = CStringGetTextDatum(command);
+	values[3] = CStringGetTextDatum(dbname);
+
+	SPI_connect();
+	ret = SPI_execute_plan(prepare_saved(&schedule_plan, schedule_sql,
+										 4, argtypes),
+						   values, NULL, false, 1);
+	if (ret != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "scheduling the maintenance job failed: %s",
+			 SPI_result_code_string(ret));
+	jobid = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+
+	PG_RETURN_INT64(jobid);
+}
+
+/*
+ * idem_unschedule_maintenance
+ *		SQL: idem_unschedule_maintenance() RETURNS boolean
+ *
+ * Removes this database's maintenance job; true if there was one, false if
+ * not (removing twice is not an error).  Without pg_cron in this database,
+ * raises 55000 with the statement to run in pg_cron's database.
+ */
+Datum
+idem_unschedule_maintenance(PG_FUNCTION_ARGS)
+{
+	Oid			argtypes[1] = {TEXTOID};
+	Datum		values[1];
+	char	   *jobname = cron_job_name();
+	int			ret;
+	bool		removed;
+
+	require_pg_cron(psprintf("SELECT cron.unschedule(%s);",
+							 quote_literal_cstr(jobname)));
+
+	values[0] = CStringGetTextDatum(jobname);
+
+	SPI_connect();
+	ret = SPI_execute_plan(prepare_saved(&unschedule_plan, unschedule_sql,
+										 1, argtypes),
+						   values, NULL, false, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "unscheduling the maintenance job failed: %s",
+			 SPI_result_code_string(ret));
+	removed = SPI_processed > 0;
+	SPI_finish();
+
+	PG_RETURN_BOOL(removed);
+}

@@ -1,2 +1,121 @@
-
 /* ---- maintenance.c: reaper, sweeper, pg_cron scheduling ---- */
+
+/*
+ * Admin functions: each runs with the extension owner's rights and a fixed
+ * search_path, and EXECUTE is revoked from PUBLIC.  Grant them to the role
+ * that runs maintenance (see README, "Maintenance").
+ */
+CREATE FUNCTION idem_reap(batch_size int DEFAULT 5000)
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_reap'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION idem_reap(int) IS
+    'delete one batch of expired, finished keys (skips rows locked by others)';
+
+CREATE FUNCTION idem_sweep(older_than interval DEFAULT NULL)
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_sweep'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION idem_sweep(interval) IS
+    'flag stale processing keys as failed and needing reconciliation';
+
+CREATE FUNCTION idem_reclaim_leases()
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_reclaim_leases'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION idem_reclaim_leases() IS
+    'return outbox rows with an expired lease to pending';
+
+CREATE FUNCTION idem_purge_outbox(batch_size int DEFAULT 5000)
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_purge_outbox'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION idem_purge_outbox(int) IS
+    'delete one batch of delivered outbox rows older than idempotency.outbox_retention';
+
+/*
+ * idem_maintain is a procedure so it can COMMIT between batches: every
+ * batch is its own short transaction, and its row locks are released at
+ * once.  PostgreSQL does not allow transaction control in a SECURITY
+ * DEFINER procedure, or in one with a SET clause, so this one runs with the
+ * caller's rights and relies on the SECURITY DEFINER functions above (which
+ * the caller must be allowed to execute) and on naming everything
+ * schema-qualified.  Call it as a statement of its own, not inside BEGIN.
+ */
+CREATE PROCEDURE idem_maintain(time_budget interval DEFAULT '50 seconds',
+                               batch_size int DEFAULT 5000)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    deadline  timestamptz;
+    n         bigint;
+    swept     bigint;
+    reclaimed bigint;
+    reaped    bigint := 0;
+    purged    bigint := 0;
+BEGIN
+    IF time_budget IS NULL OR time_budget <= interval '0' THEN
+        RAISE EXCEPTION 'time_budget must be a positive interval'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass how long this run may take, such as ''50 seconds'' for a job that runs every minute.';
+    END IF;
+    IF batch_size IS NULL OR batch_size < 1 OR batch_size > 1000000 THEN
+        RAISE EXCEPTION 'batch_size must be between 1 and 1000000'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use a batch of a few thousand rows so each transaction stays short.';
+    END IF;
+    deadline := pg_catalog.clock_timestamp() + time_budget;
+
+    -- first what is urgent and small: stuck reservations and lost leases
+    swept := @extschema@.idem_sweep();
+    reclaimed := @extschema@.idem_reclaim_leases();
+    COMMIT;
+
+    LOOP
+        n := @extschema@.idem_reap(batch_size);
+        reaped := reaped + n;
+        COMMIT;
+        EXIT WHEN n < batch_size OR pg_catalog.clock_timestamp() >= deadline;
+    END LOOP;
+
+    WHILE pg_catalog.clock_timestamp() < deadline LOOP
+        n := @extschema@.idem_purge_outbox(batch_size);
+        purged := purged + n;
+        COMMIT;
+        EXIT WHEN n < batch_size;
+    END LOOP;
+
+    RAISE DEBUG 'idem_maintain: swept %, reclaimed %, reaped %, purged %',
+        swept, reclaimed, reaped, purged;
+END
+$$;
+COMMENT ON PROCEDURE idem_maintain(interval, int) IS
+    'sweep, reclaim outbox leases, reap expired keys and purge delivered outbox rows, committing between batches';
+
+CREATE FUNCTION idem_schedule_maintenance(schedule text DEFAULT '* * * * *')
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_schedule_maintenance'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION idem_schedule_maintenance(text) IS
+    'register or update the pg_cron job that runs idem_maintain in this database';
+
+CREATE FUNCTION idem_unschedule_maintenance()
+    RETURNS boolean
+    AS 'MODULE_PATHNAME', 'idem_unschedule_maintenance'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION idem_unschedule_maintenance() IS
+    'remove the pg_cron job that runs idem_maintain in this database';
+
+REVOKE ALL ON FUNCTION idem_reap(int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_sweep(interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_reclaim_leases() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_purge_outbox(int) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE idem_maintain(interval, int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_schedule_maintenance(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_unschedule_maintenance() FROM PUBLIC;
