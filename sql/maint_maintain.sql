@@ -1,0 +1,84 @@
+-- idem_maintain: reap in batches, sweep, reclaim outbox leases, purge
+-- delivered outbox rows; and the pg_cron helpers without pg_cron here.
+CREATE FUNCTION pg_temp.sqlstate_of(stmt text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE stmt;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE;
+END
+$$;
+INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint, status,
+                              locked_at, expires_at)
+SELECT 'maint-m', 'orders', 'k' || g, sha256(g::text::bytea), 'succeeded',
+       now() - interval '2 hours', now() - interval '1 hour'
+  FROM generate_series(1, 2500) g;
+INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint, status,
+                              locked_at, expires_at)
+VALUES ('maint-m', 'orders', 'stuck', sha256('stuck'::bytea), 'processing',
+        now() - interval '1 hour', now() + interval '1 day'),
+       ('maint-m', 'orders', 'live', sha256('live'::bytea), 'succeeded',
+        now(), now() + interval '1 day');
+
+-- outbox: an expired lease, one on its last attempt, a live lease, old and
+-- recent deliveries, a dead letter
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
+                                max_attempts, lease_token, leased_by,
+                                lease_until, done_at, last_error)
+VALUES ('maint-m', 'expired-lease', '{}', 'leased', 1, 5, gen_random_uuid(),
+        'w1', now() - interval '1 minute', NULL, NULL),
+       ('maint-m', 'last-attempt', '{}', 'leased', 5, 5, gen_random_uuid(),
+        'w1', now() - interval '1 minute', NULL, 'timeout'),
+       ('maint-m', 'live-lease', '{}', 'leased', 1, 5, gen_random_uuid(),
+        'w2', now() + interval '1 minute', NULL, NULL),
+       ('maint-m', 'old-done', '{}', 'done', 1, 5, NULL, NULL, NULL,
+        now() - interval '8 days', NULL),
+       ('maint-m', 'recent-done', '{}', 'done', 1, 5, NULL, NULL, NULL,
+        now() - interval '6 days', NULL),
+       ('maint-m', 'dead', '{}', 'dead', 5, 5, NULL, NULL, NULL,
+        NULL, 'gave up');
+
+-- a small batch makes several transactions
+CALL idem_maintain('1 minute', 1000);
+
+SELECT idem_key, status, needs_reconciliation
+  FROM idempotency.keys WHERE tenant_id = 'maint-m' ORDER BY 1;
+SELECT topic, status, attempts, leased_by, lease_until IS NULL AS lease_cleared,
+       last_error
+  FROM idempotency.outbox WHERE tenant_id = 'maint-m' ORDER BY topic;
+
+-- retention is a superuser setting; 0 purges every delivered row
+SET idempotency.outbox_retention = 0;
+CALL idem_maintain();
+RESET idempotency.outbox_retention;
+SELECT topic, status FROM idempotency.outbox WHERE tenant_id = 'maint-m' ORDER BY topic;
+
+-- the batches committed: each COMMIT ended a transaction of its own, so the
+-- procedure refuses to run inside an explicit transaction block
+BEGIN;
+CALL idem_maintain();
+ROLLBACK;
+
+-- errors, before anything is done
+CALL idem_maintain('0 seconds');
+CALL idem_maintain(NULL);
+CALL idem_maintain('1 minute', 0);
+SELECT idem_purge_outbox(-1);
+
+-- pg_cron lives in database "postgres" (cron.database_name), not here:
+-- the error's hint is the statement to run there
+SELECT idem_schedule_maintenance();
+SELECT idem_schedule_maintenance('*/5 * * * *');
+SELECT idem_unschedule_maintenance();
+SELECT idem_schedule_maintenance(NULL);
+SELECT stmt, pg_temp.sqlstate_of(stmt) FROM (VALUES
+    ('CALL idem_maintain(''0 seconds'')'),
+    ('CALL idem_maintain(''1 minute'', 0)'),
+    ('SELECT idem_purge_outbox(-1)'),
+    ('SELECT idem_schedule_maintenance()'),
+    ('SELECT idem_unschedule_maintenance()'),
+    ('SELECT idem_schedule_maintenance(NULL)')) AS t(stmt);
+
+DELETE FROM idempotency.keys WHERE tenant_id = 'maint-m';
+DELETE FROM idempotency.outbox WHERE tenant_id = 'maint-m';
