@@ -136,14 +136,20 @@ _PG_init(void)
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
 
-	DefineCustomIntVariable("idempotency.stats_max_entries",
-							gettext_noop("Number of (tenant, scope) pairs whose counters are kept in shared memory."),
-							gettext_noop("Pairs beyond it are counted under tenant and scope \"(other)\"."),
-							&idem_stats_max_entries,
-							1000, 16, 1000000,
-							PGC_POSTMASTER,
-							0,
-							NULL, NULL, NULL);
+	/*
+	 * A PGC_POSTMASTER variable can only be created while the server starts
+	 * (a backend loading the library later gets a FATAL error); it only
+	 * sizes the shared memory that exists in that case anyway.
+	 */
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomIntVariable("idempotency.stats_max_entries",
+								gettext_noop("Number of (tenant, scope) pairs whose counters are kept in shared memory."),
+								gettext_noop("Pairs beyond it are counted under tenant and scope \"(other)\"."),
+								&idem_stats_max_entries,
+								1000, 16, 1000000,
+								PGC_POSTMASTER,
+								0,
+								NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idempotency");
 

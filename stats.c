@@ -16,9 +16,11 @@
  * Counters are not transactional (a reservation that is rolled back still
  * counted as created), like pg_stat_statements.  They survive a clean
  * shutdown: the postmaster writes them to pg_stat/idempotency.stat when it
- * exits normally and reads the file back (and removes it) at the next start.
- * After a crash or an immediate shutdown no file is written, so counting
- * starts from zero.
+ * exits and reads the file back (and removes it) at the next start.  Like
+ * PostgreSQL's own cumulative statistics they are discarded after a crash:
+ * a backend crash restarts shared memory without writing the file, and a
+ * file written at an immediate shutdown is ignored because pg_control then
+ * says the cluster was not shut down cleanly.
  *
  * Locking: idem_stats_state->lock (a named LWLock tranche) protects the hash
  * table's structure.  Shared mode suffices to find an entry and add to its
@@ -38,6 +40,8 @@
 #include <unistd.h>
 
 #include "access/htup_details.h"
+#include "catalog/pg_control.h"
+#include "common/controldata_utils.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -70,6 +74,7 @@
 
 typedef struct IdemStatsKey
 {
+	Oid			dbid;			/* InvalidOid for the overflow entry */
 	char		tenant[IDEM_STATS_NAME_LEN];
 	char		scope[IDEM_STATS_NAME_LEN];
 } IdemStatsKey;
@@ -105,9 +110,10 @@ static void idem_stats_shmem_request(void);
 static void idem_stats_shmem_startup(void);
 static void idem_stats_shmem_shutdown(int code, Datum arg);
 static Size idem_stats_memsize(void);
-static void idem_stats_make_key(IdemStatsKey *key, const char *tenant,
-								const char *scope);
+static void idem_stats_make_key(IdemStatsKey *key, Oid dbid,
+								const char *tenant, const char *scope);
 static IdemStatsEntry *idem_stats_enter(const IdemStatsKey *key);
+static bool idem_stats_clean_shutdown(void);
 static void idem_stats_load(void);
 
 PG_FUNCTION_INFO_V1(idem_stats);
@@ -206,7 +212,7 @@ idem_stats_shmem_startup(void)
 	{
 		IdemStatsKey other;
 
-		idem_stats_make_key(&other, IDEM_STATS_OTHER, IDEM_STATS_OTHER);
+		idem_stats_make_key(&other, InvalidOid, IDEM_STATS_OTHER, IDEM_STATS_OTHER);
 		(void) idem_stats_enter(&other);
 	}
 	idem_stats_load();
@@ -218,11 +224,13 @@ idem_stats_shmem_startup(void)
  *		long names on a character boundary.
  */
 static void
-idem_stats_make_key(IdemStatsKey *key, const char *tenant, const char *scope)
+idem_stats_make_key(IdemStatsKey *key, Oid dbid, const char *tenant,
+					const char *scope)
 {
 	int			len;
 
 	memset(key, 0, sizeof(IdemStatsKey));
+	key->dbid = dbid;
 
 	len = strlen(tenant);
 	if (len >= IDEM_STATS_NAME_LEN)
@@ -255,7 +263,7 @@ idem_stats_enter(const IdemStatsKey *key)
 	{
 		IdemStatsKey other;
 
-		idem_stats_make_key(&other, IDEM_STATS_OTHER, IDEM_STATS_OTHER);
+		idem_stats_make_key(&other, InvalidOid, IDEM_STATS_OTHER, IDEM_STATS_OTHER);
 		return hash_search(idem_stats_hash, &other, HASH_FIND, NULL);
 	}
 
@@ -289,7 +297,7 @@ idem_stats_count(const char *tenant, const char *scope,
 		counter < 0 || counter >= IDEM_STAT_NCOUNTERS || n == 0)
 		return;
 
-	idem_stats_make_key(&key, tenant, scope);
+	idem_stats_make_key(&key, MyDatabaseId, tenant, scope);
 
 	LWLockAcquire(idem_stats_state->lock, LW_SHARED);
 	entry = hash_search(idem_stats_hash, &key, HASH_FIND, NULL);
@@ -309,9 +317,29 @@ idem_stats_count(const char *tenant, const char *scope,
 }
 
 /*
+ * idem_stats_clean_shutdown
+ *		Did the server last stop cleanly?  After an immediate shutdown (or a
+ *		crash of the whole server) pg_control still says "in production" and
+ *		crash recovery follows: the counters are not to be trusted then.
+ */
+static bool
+idem_stats_clean_shutdown(void)
+{
+	bool		crc_ok;
+	ControlFileData *control = get_controlfile(DataDir, &crc_ok);
+	bool		clean;
+
+	clean = crc_ok && (control->state == DB_SHUTDOWNED ||
+					   control->state == DB_SHUTDOWNED_IN_RECOVERY);
+	pfree(control);
+	return clean;
+}
+
+/*
  * idem_stats_load
  *		Read the counters saved at the last clean shutdown, then remove the
- *		file so that a crash later cannot bring back old values.  Runs in the
+ *		file so that a crash later cannot bring back old values.  A file
+ *		left by an unclean stop is removed unread.  Runs in the
  *		postmaster at start-up; a missing file is normal, a damaged one is
  *		logged and ignored.
  */
@@ -322,6 +350,12 @@ idem_stats_load(void)
 	uint32		header[3];
 	int64		nentries;
 	int64		i;
+
+	if (!idem_stats_clean_shutdown())
+	{
+		unlink(IDEM_STATS_FILE);
+		return;
+	}
 
 	file = AllocateFile(IDEM_STATS_FILE, PG_BINARY_R);
 	if (file == NULL)
@@ -455,8 +489,8 @@ idem_stats_require_shmem(void)
 /*
  * idem_stats
  *		SQL: idem_stats() RETURNS SETOF (tenant, scope, created, ...): one
- *		row per (tenant, scope), the overflow row only when it has counted
- *		something.  Takes the stats lock in shared mode while copying; the
+ *		row per (tenant, scope) of this database, and the overflow row (all
+ *		databases together) when it has counted something.  Takes the stats lock in shared mode while copying; the
  *		counters are read one by one, so a row may mix values from just
  *		before and just after a concurrent count.
  */
@@ -499,6 +533,10 @@ idem_stats(PG_FUNCTION_ARGS)
 		uint64		total = 0;
 		int			c;
 
+		/* other databases' tenants are none of this database's business */
+		if (entry->key.dbid != MyDatabaseId && OidIsValid(entry->key.dbid))
+			continue;
+
 		memset(nulls, 0, sizeof(nulls));
 		for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
 		{
@@ -507,9 +545,7 @@ idem_stats(PG_FUNCTION_ARGS)
 			total += v;
 			values[2 + c] = Int64GetDatum((int64) v);
 		}
-		if (total == 0 &&
-			strcmp(entry->key.tenant, IDEM_STATS_OTHER) == 0 &&
-			strcmp(entry->key.scope, IDEM_STATS_OTHER) == 0)
+		if (total == 0 && !OidIsValid(entry->key.dbid))
 			continue;
 
 		values[0] = CStringGetTextDatum(entry->key.tenant);
@@ -524,32 +560,30 @@ idem_stats(PG_FUNCTION_ARGS)
 /*
  * idem_stats_reset
  *		SQL: idem_stats_reset() RETURNS void.  Drops every (tenant, scope)
- *		entry and zeroes the overflow entry, under the stats lock in
- *		exclusive mode.  Admin only (EXECUTE revoked from PUBLIC).
+ *		entry of this database and zeroes the overflow entry (which all
+ *		databases share), under the stats lock in exclusive mode.  Admin
+ *		only (EXECUTE revoked from PUBLIC).
  */
 Datum
 idem_stats_reset(PG_FUNCTION_ARGS)
 {
 	HASH_SEQ_STATUS hash_seq;
 	IdemStatsEntry *entry;
-	IdemStatsKey other;
 
 	idem_stats_require_shmem();
-
-	idem_stats_make_key(&other, IDEM_STATS_OTHER, IDEM_STATS_OTHER);
 
 	LWLockAcquire(idem_stats_state->lock, LW_EXCLUSIVE);
 	hash_seq_init(&hash_seq, idem_stats_hash);
 	while ((entry = hash_seq_search(&hash_seq)) != NULL)
 	{
-		if (memcmp(&entry->key, &other, sizeof(IdemStatsKey)) == 0)
+		if (!OidIsValid(entry->key.dbid))
 		{
 			int			c;
 
 			for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
 				pg_atomic_write_u64(&entry->counters[c], 0);
 		}
-		else
+		else if (entry->key.dbid == MyDatabaseId)
 			hash_search(idem_stats_hash, &entry->key, HASH_REMOVE, NULL);
 	}
 	LWLockRelease(idem_stats_state->lock);

@@ -1,0 +1,97 @@
+# Scheduled maintenance with pg_cron really preloaded: idem_schedule_maintenance
+# in pg_cron's own database, the hinted cron.schedule_in_database call for
+# another database, a real run of each job, and idem_unschedule_maintenance.
+use strict;
+use warnings;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest qw(new_idem_node);
+
+# pg_cron connects to the jobs' database over libpq: point it at the test
+# cluster's Unix socket directory (the test clusters do not listen on TCP)
+my $node = new_idem_node('cron',
+	conf => "cron.host = '$PostgreSQL::Test::Cluster::test_pghost'\n");
+$node->safe_psql('postgres', 'CREATE EXTENSION pg_cron');
+$node->safe_psql('postgres', 'CREATE DATABASE shop');
+$node->safe_psql('shop', 'CREATE EXTENSION idempotency');
+
+# in each database: expired finished keys, a live key, a stuck reservation
+my $rows = q{
+	INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint,
+	                              status, locked_at, expires_at)
+	SELECT 'cron', 'orders', 'old-' || g, sha256(g::text::bytea), 'succeeded'::idempotency.status,
+	       now() - interval '2 hours', now() - interval '1 hour'
+	  FROM generate_series(1, 100) g
+	UNION ALL
+	SELECT 'cron', 'orders', 'live', sha256('live'::bytea), 'succeeded',
+	       now(), now() + interval '1 day'
+	UNION ALL
+	SELECT 'cron', 'orders', 'stuck', sha256('stuck'::bytea), 'processing',
+	       now() - interval '1 hour', now() + interval '1 day';
+};
+$node->safe_psql($_, $rows) for qw(postgres shop);
+
+# where pg_cron lives, the extension schedules its own job
+my $jobid = $node->safe_psql('postgres', 'SELECT idem_schedule_maintenance()');
+like($jobid, qr/^\d+$/, 'job scheduled in the pg_cron database');
+is( $node->safe_psql(
+		'postgres',
+		"SELECT jobname || ' | ' || schedule || ' | ' || command || ' | ' || database FROM cron.job"
+	),
+	'idempotency-maintenance-postgres | * * * * * | CALL public.idem_maintain() | postgres',
+	'the job runs idem_maintain in this database');
+is($node->safe_psql('postgres', "SELECT idem_schedule_maintenance('* * * * *')"),
+	$jobid, 'scheduling again updates the same job');
+
+# elsewhere, the error's hint is the exact statement to run in pg_cron's database
+my ($ret, $out, $err) = $node->psql('shop', 'SELECT idem_schedule_maintenance()');
+isnt($ret, 0, 'no pg_cron in database shop: error');
+like($err, qr/pg_cron is not installed in database "shop"/, 'error says why');
+my ($hint_sql) = $err =~ /HINT:\s+Connect to database "postgres" as a superuser and run: (.*;)/;
+ok(defined $hint_sql, 'hint carries a statement') or diag($err);
+$node->safe_psql('postgres', $hint_sql);
+is( $node->safe_psql(
+		'postgres',
+		"SELECT command || ' | ' || database FROM cron.job WHERE jobname = 'idempotency-maintenance-shop'"
+	),
+	'CALL public.idem_maintain() | shop',
+	'the hinted statement schedules maintenance of database shop');
+
+# pg_cron starts jobs on the minute: wait for one run of each
+$node->poll_query_until('postgres',
+	"SELECT count(DISTINCT jobid) = 2 FROM cron.job_run_details WHERE status IN ('succeeded', 'failed')"
+) or die 'pg_cron did not run the jobs';
+is( $node->safe_psql(
+		'postgres',
+		"SELECT string_agg(DISTINCT status || ': ' || coalesce(return_message, ''), ', ') FROM cron.job_run_details"
+	),
+	'succeeded: CALL',
+	'both runs succeeded');
+
+for my $db (qw(postgres shop))
+{
+	is( $node->safe_psql(
+			$db,
+			"SELECT string_agg(idem_key || ' ' || status || ' ' || needs_reconciliation, ', ' ORDER BY idem_key) FROM idempotency.keys"
+		),
+		'live succeeded false, stuck failed true',
+		"$db: expired keys reaped, the stuck reservation flagged");
+}
+is($node->safe_psql('postgres',
+		"SELECT reaped || ' ' || swept FROM idempotency.stats WHERE tenant = 'cron'"),
+	'100 1', 'the run counted in the stats');
+
+# unschedule: true once, then false; database shop through the hint again
+is($node->safe_psql('postgres', 'SELECT idem_unschedule_maintenance()'),
+	't', 'unscheduled');
+is($node->safe_psql('postgres', 'SELECT idem_unschedule_maintenance()'),
+	'f', 'unscheduling twice is not an error');
+($ret, $out, $err) = $node->psql('shop', 'SELECT idem_unschedule_maintenance()');
+($hint_sql) = $err =~ /run: (.*;)/;
+ok(defined $hint_sql, 'unschedule hint carries a statement') or diag($err);
+$node->safe_psql('postgres', $hint_sql);
+is($node->safe_psql('postgres', 'SELECT count(*) FROM cron.job'),
+	'0', 'no job left');
+
+$node->stop;
+done_testing();

@@ -1,0 +1,95 @@
+# idempotency.stats across restarts, as README says: counters survive a clean
+# restart and are discarded after a crash (immediate shutdown).  Also: the
+# overflow entry when there are more (tenant, scope) pairs than
+# idempotency.stats_max_entries, per-database views, and the clear error of
+# a server that did not preload the library.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest qw(new_idem_node);
+
+my $node = new_idem_node('stats', conf => "idempotency.stats_max_entries = 16\n");
+
+# count 3 reaped keys for each of 20 tenants: 16 fit, 4 overflow
+sub reap_for_tenants
+{
+	my ($db, $prefix, $n) = @_;
+	$node->safe_psql(
+		$db, qq{
+		INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint,
+		                              status, locked_at, expires_at)
+		SELECT '$prefix' || lpad(t::text, 2, '0'), 'orders', 'k' || g,
+		       sha256(g::text::bytea), 'succeeded'::idempotency.status,
+		       now() - interval '2 hours', now() - interval '1 hour'
+		  FROM generate_series(1, $n) t, generate_series(1, 3) g;
+		SELECT idem_reap();
+	});
+}
+
+reap_for_tenants('postgres', 't', 20);
+my $summary = q{
+	SELECT count(*) FILTER (WHERE tenant <> '(other)') || ' pairs, '
+	       || sum(reaped) FILTER (WHERE tenant <> '(other)') || ' reaped, other '
+	       || coalesce(sum(reaped) FILTER (WHERE tenant = '(other)'), 0)
+	  FROM idempotency.stats};
+is($node->safe_psql('postgres', $summary),
+	'16 pairs, 48 reaped, other 12',
+	'pairs beyond stats_max_entries are counted under (other)');
+
+# another database sees only its own tenants (and the shared overflow row)
+$node->safe_psql('postgres', 'CREATE DATABASE other_db');
+$node->safe_psql('other_db', 'CREATE EXTENSION idempotency');
+is($node->safe_psql('other_db',
+		"SELECT string_agg(tenant || ' ' || reaped, ', ') FROM idempotency.stats"),
+	'(other) 12', 'per-database view');
+
+# clean restart: kept
+$node->restart;
+is($node->safe_psql('postgres', $summary),
+	'16 pairs, 48 reaped, other 12', 'counters survive a clean restart');
+ok(!-e $node->data_dir . '/pg_stat/idempotency.stat',
+	'the saved file is removed once loaded');
+
+# crash: discarded
+$node->stop('immediate');
+$node->start;
+is($node->safe_psql('postgres', 'SELECT count(*) FROM idempotency.stats'),
+	'0', 'counters are discarded after a crash');
+
+# counting resumes; reset clears this database's entries
+reap_for_tenants('postgres', 'u', 2);
+is($node->safe_psql('postgres', $summary), '2 pairs, 6 reaped, other 0',
+	'counting after the crash');
+$node->safe_psql('postgres', 'SELECT idem_stats_reset()');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM idempotency.stats'),
+	'0', 'reset');
+$node->stop;
+
+# without shared_preload_libraries: the view says what to do, the rest works
+my $plain = PostgreSQL::Test::Cluster->new('plain');
+$plain->init;
+if ($ENV{IDEM_DESTDIR})
+{
+	my $libdir = `pg_config --pkglibdir`;
+	chomp $libdir;
+	$plain->append_conf('postgresql.conf',
+		    "extension_destdir = '$ENV{IDEM_DESTDIR}'\n"
+		  . "dynamic_library_path = '$ENV{IDEM_DESTDIR}$libdir:\$libdir'\n");
+}
+$plain->start;
+$plain->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+my ($ret, $out, $err) =
+  $plain->psql('postgres', 'SELECT * FROM idempotency.stats',
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+like($err, qr/ERROR:  55000: idempotency statistics are not available/,
+	'stats without preload: 55000');
+like($err, qr/HINT:  Add idempotency to shared_preload_libraries/,
+	'stats without preload: the hint says how');
+$node = $plain;
+reap_for_tenants('postgres', 'p', 1);
+is($plain->safe_psql('postgres', 'SELECT count(*) FROM idempotency.keys'),
+	'0', 'the reaper works (and counts nothing) without preload');
+$plain->stop;
+done_testing();
