@@ -47,7 +47,8 @@ COMMENT ON FUNCTION idem_purge_outbox(int) IS
  * schema-qualified.  Call it as a statement of its own, not inside BEGIN.
  */
 CREATE PROCEDURE idem_maintain(time_budget interval DEFAULT '50 seconds',
-                               batch_size int DEFAULT 5000)
+                               batch_size int DEFAULT 5000,
+                               batch_pause interval DEFAULT '0')
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -68,6 +69,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Use a batch of a few thousand rows so each transaction stays short.';
     END IF;
+    IF batch_pause IS NULL OR batch_pause < interval '0' THEN
+        RAISE EXCEPTION 'batch_pause must not be negative'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass how long to rest between batches, such as ''20 milliseconds'', or ''0''.';
+    END IF;
     deadline := pg_catalog.clock_timestamp() + time_budget;
 
     -- first what is urgent and small: stuck reservations and lost leases
@@ -80,6 +86,9 @@ BEGIN
         reaped := reaped + n;
         COMMIT;
         EXIT WHEN n < batch_size OR pg_catalog.clock_timestamp() >= deadline;
+        IF batch_pause > interval '0' THEN
+            PERFORM pg_catalog.pg_sleep_for(batch_pause);
+        END IF;
     END LOOP;
 
     WHILE pg_catalog.clock_timestamp() < deadline LOOP
@@ -87,13 +96,16 @@ BEGIN
         purged := purged + n;
         COMMIT;
         EXIT WHEN n < batch_size;
+        IF batch_pause > interval '0' THEN
+            PERFORM pg_catalog.pg_sleep_for(batch_pause);
+        END IF;
     END LOOP;
 
     RAISE DEBUG 'idem_maintain: swept %, reclaimed %, reaped %, purged %',
         swept, reclaimed, reaped, purged;
 END
 $$;
-COMMENT ON PROCEDURE idem_maintain(interval, int) IS
+COMMENT ON PROCEDURE idem_maintain(interval, int, interval) IS
     'sweep, reclaim outbox leases, reap expired keys and purge delivered outbox rows, committing between batches';
 
 CREATE FUNCTION idem_schedule_maintenance(schedule text DEFAULT '* * * * *')
@@ -116,6 +128,6 @@ REVOKE ALL ON FUNCTION idem_reap(int) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_sweep(interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_reclaim_leases() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_purge_outbox(int) FROM PUBLIC;
-REVOKE ALL ON PROCEDURE idem_maintain(interval, int) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE idem_maintain(interval, int, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_schedule_maintenance(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_unschedule_maintenance() FROM PUBLIC;

@@ -74,7 +74,7 @@ SELECT processing,
 CREATE ROLE stats_plain;
 CREATE ROLE stats_monitor IN ROLE pg_monitor;
 CREATE ROLE stats_ops;
-GRANT EXECUTE ON PROCEDURE idem_maintain(interval, int) TO stats_ops;
+GRANT EXECUTE ON PROCEDURE idem_maintain(interval, int, interval) TO stats_ops;
 GRANT EXECUTE ON FUNCTION idem_reap(int), idem_sweep(interval),
     idem_reclaim_leases(), idem_purge_outbox(int) TO stats_ops;
 -- run a statement as a role and undo whatever it did: 'ok' or the SQLSTATE
@@ -116,7 +116,7 @@ SET ROLE stats_plain;
 CALL idem_maintain();
 SELECT * FROM idempotency.stats;
 RESET ROLE;
-SELECT has_function_privilege('public', 'idem_maintain(interval, int)', 'EXECUTE')
+SELECT has_function_privilege('public', 'idem_maintain(interval, int, interval)', 'EXECUTE')
     AS public_may_maintain;
 
 -- reset zeroes everything
@@ -125,7 +125,7 @@ SELECT count(*) AS entries_after_reset FROM idempotency.stats;
 
 DELETE FROM idempotency.keys WHERE tenant_id LIKE 'stats-%';
 DELETE FROM idempotency.outbox WHERE tenant_id LIKE 'stats-%';
-REVOKE EXECUTE ON PROCEDURE idem_maintain(interval, int) FROM stats_ops;
+REVOKE EXECUTE ON PROCEDURE idem_maintain(interval, int, interval) FROM stats_ops;
 REVOKE EXECUTE ON FUNCTION idem_reap(int), idem_sweep(interval),
     idem_reclaim_leases(), idem_purge_outbox(int) FROM stats_ops;
 DROP ROLE stats_plain, stats_monitor, stats_ops;
