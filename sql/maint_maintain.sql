@@ -1,5 +1,6 @@
 -- idem_maintain: reap in batches, sweep, reclaim outbox leases, purge
 -- delivered outbox rows; and the pg_cron helpers without pg_cron here.
+\set SHOW_CONTEXT never
 CREATE FUNCTION pg_temp.sqlstate_of(stmt text) RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -64,6 +65,7 @@ ROLLBACK;
 CALL idem_maintain('0 seconds');
 CALL idem_maintain(NULL);
 CALL idem_maintain('1 minute', 0);
+CALL idem_maintain(batch_pause => '-1 second');
 SELECT idem_purge_outbox(-1);
 
 -- pg_cron lives in database "postgres" (cron.database_name), not here:
@@ -75,6 +77,7 @@ SELECT idem_schedule_maintenance(NULL);
 SELECT stmt, pg_temp.sqlstate_of(stmt) FROM (VALUES
     ('CALL idem_maintain(''0 seconds'')'),
     ('CALL idem_maintain(''1 minute'', 0)'),
+    ('CALL idem_maintain(batch_pause => NULL)'),
     ('SELECT idem_purge_outbox(-1)'),
     ('SELECT idem_schedule_maintenance()'),
     ('SELECT idem_unschedule_maintenance()'),
