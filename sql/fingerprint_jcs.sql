@@ -6,7 +6,10 @@
 --
 -- Canonical JSON is UTF-8: these vectors need a UTF8 database.
 SELECT getdatabaseencoding() AS encoding;
+-- pgcrypto is the independent oracle (quietly: another file may have made it)
+SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS pgcrypto;
+RESET client_min_messages;
 
 CREATE TEMP TABLE jcs_vector (name text, input text, output text, outhex text);
 

@@ -10,7 +10,10 @@
 --    float8 conversion and shortest printer, reformatted in SQL, for
 --    numbers on the fast path (<= 15 digits) and the general path.
 --
+-- pgcrypto is the independent oracle (quietly: another file may have made it)
+SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS pgcrypto;
+RESET client_min_messages;
 SELECT setseed(0.4242);
 
 -- a random string: ASCII, control characters, Latin-1, CJK, the private
