@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Fingerprint benchmark: idem_fingerprint(body) against
+# digest(body::text, 'sha256') (pgcrypto; not even canonical) on a ~1 KiB
+# and a ~100 KiB order body.  Run by bench/run.sh inside a throwaway
+# cluster (PG* set, cwd bench/fingerprint).
+#
+# Two measurements, each side twice, interleaved (A B A B):
+#  - pgbench, one client, SELECT fn(body) FROM a one-row table: calls per
+#    second as an application sees them;
+#  - a PL/pgSQL loop over a value held in memory: the functions alone.
+# Ratio = idem_fingerprint rate / digest rate (above 1.0: fingerprint faster).
+set -euo pipefail
+DB=bench_fingerprint
+T=${BENCH_SECONDS:-10}
+N_SMALL=${BENCH_LOOP_SMALL:-100000}
+N_LARGE=${BENCH_LOOP_LARGE:-1500}
+
+dropdb --if-exists -q "$DB"
+createdb "$DB"
+psql -X -q -v ON_ERROR_STOP=1 -d "$DB" -c 'CREATE EXTENSION idempotency' \
+    -c 'CREATE EXTENSION pgcrypto'
+psql -X -q -v ON_ERROR_STOP=1 -d "$DB" -f setup.sql
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for id in 1 2; do
+    echo "SELECT idem_fingerprint(body) FROM bench_body WHERE id = $id;" > "$tmp/fingerprint_$id.sql"
+    echo "SELECT digest(body::text, 'sha256') FROM bench_body WHERE id = $id;" > "$tmp/digest_$id.sql"
+done
+
+tps() {
+    pgbench -n -M prepared -c 1 -j 1 -T "$T" -f "$1" "$DB" 2>&1 |
+        awk '/^tps/ { print $3; exit }'
+}
+loop() {
+    psql -X -qAt -d "$DB" -c "SELECT round(bench_loop('$1', $2, $3)::numeric, 1)"
+}
+ratio() {
+    awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'
+}
+mean() {
+    awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (a + b) / 2 }'
+}
+
+for id in 1 2; do
+    size=$([ $id -eq 1 ] && echo "1 KiB" || echo "100 KiB")
+    n=$([ $id -eq 1 ] && echo "$N_SMALL" || echo "$N_LARGE")
+
+    f1=$(tps "$tmp/fingerprint_$id.sql"); d1=$(tps "$tmp/digest_$id.sql")
+    f2=$(tps "$tmp/fingerprint_$id.sql"); d2=$(tps "$tmp/digest_$id.sql")
+    fm=$(mean "$f1" "$f2"); dm=$(mean "$d1" "$d2")
+    echo "pgbench $size body (${T}s runs, calls/s): idem_fingerprint $f1 $f2 (mean $fm)," \
+         "digest(body::text) $d1 $d2 (mean $dm): ratio $(ratio "$fm" "$dm")"
+
+    f1=$(loop fingerprint $id "$n"); d1=$(loop digest $id "$n")
+    f2=$(loop fingerprint $id "$n"); d2=$(loop digest $id "$n")
+    fm=$(mean "$f1" "$f2"); dm=$(mean "$d1" "$d2")
+    echo "loop    $size body ($n calls, calls/s): idem_fingerprint $f1 $f2 (mean $fm)," \
+         "digest(body::text) $d1 $d2 (mean $dm): ratio $(ratio "$fm" "$dm")"
+done
+
+dropdb -q "$DB"
