@@ -4,7 +4,9 @@
 # and a ~100 KiB order body.  Run by bench/run.sh inside a throwaway
 # cluster (PG* set, cwd bench/fingerprint).
 #
-# Two measurements, each side twice, interleaved (A B A B):
+# Two measurements, each side three times, interleaved (A B A B A B), the
+# median of each side compared (other load on a shared machine only ever
+# slows a run down, and the median discards one such run per side):
 #  - pgbench, one client, SELECT fn(body) FROM a one-row table: calls per
 #    second as an application sees them;
 #  - a PL/pgSQL loop over a value held in memory: the functions alone.
@@ -15,7 +17,7 @@ T=${BENCH_SECONDS:-10}
 N_SMALL=${BENCH_LOOP_SMALL:-100000}
 N_LARGE=${BENCH_LOOP_LARGE:-1500}
 
-dropdb --if-exists -q "$DB"
+dropdb --if-exists "$DB" 2>/dev/null || true
 createdb "$DB"
 psql -X -q -v ON_ERROR_STOP=1 -d "$DB" -c 'CREATE EXTENSION idempotency' \
     -c 'CREATE EXTENSION pgcrypto'
@@ -38,25 +40,29 @@ loop() {
 ratio() {
     awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'
 }
-mean() {
-    awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (a + b) / 2 }'
+median() {
+    printf '%s\n' "$@" | sort -g | sed -n 2p
 }
 
 for id in 1 2; do
     size=$([ $id -eq 1 ] && echo "1 KiB" || echo "100 KiB")
     n=$([ $id -eq 1 ] && echo "$N_SMALL" || echo "$N_LARGE")
 
-    f1=$(tps "$tmp/fingerprint_$id.sql"); d1=$(tps "$tmp/digest_$id.sql")
-    f2=$(tps "$tmp/fingerprint_$id.sql"); d2=$(tps "$tmp/digest_$id.sql")
-    fm=$(mean "$f1" "$f2"); dm=$(mean "$d1" "$d2")
-    echo "pgbench $size body (${T}s runs, calls/s): idem_fingerprint $f1 $f2 (mean $fm)," \
-         "digest(body::text) $d1 $d2 (mean $dm): ratio $(ratio "$fm" "$dm")"
+    f=(); d=()
+    for r in 1 2 3; do
+        f+=("$(tps "$tmp/fingerprint_$id.sql")"); d+=("$(tps "$tmp/digest_$id.sql")")
+    done
+    fm=$(median "${f[@]}"); dm=$(median "${d[@]}")
+    echo "pgbench $size body (${T}s runs, calls/s): idem_fingerprint ${f[*]} (median $fm)," \
+         "digest(body::text) ${d[*]} (median $dm): ratio $(ratio "$fm" "$dm")"
 
-    f1=$(loop fingerprint $id "$n"); d1=$(loop digest $id "$n")
-    f2=$(loop fingerprint $id "$n"); d2=$(loop digest $id "$n")
-    fm=$(mean "$f1" "$f2"); dm=$(mean "$d1" "$d2")
-    echo "loop    $size body ($n calls, calls/s): idem_fingerprint $f1 $f2 (mean $fm)," \
-         "digest(body::text) $d1 $d2 (mean $dm): ratio $(ratio "$fm" "$dm")"
+    f=(); d=()
+    for r in 1 2 3; do
+        f+=("$(loop fingerprint $id "$n")"); d+=("$(loop digest $id "$n")")
+    done
+    fm=$(median "${f[@]}"); dm=$(median "${d[@]}")
+    echo "loop    $size body ($n calls, calls/s): idem_fingerprint ${f[*]} (median $fm)," \
+         "digest(body::text) ${d[*]} (median $dm): ratio $(ratio "$fm" "$dm")"
 done
 
-dropdb -q "$DB"
+dropdb "$DB"
