@@ -38,6 +38,13 @@
  * every retry.  A removed array element is dropped from the array, so the
  * elements after it move up.  A pointer naming nothing removes nothing.
  *
+ * Encodings: canonical JSON is UTF-8.  In a database whose encoding is not
+ * UTF8 (nor SQL_ASCII, whose bytes are taken as they are), member names
+ * are converted to UTF-8 to be sorted and every string is converted before
+ * it is hashed, so a fingerprint is the same in every database and equals
+ * one computed by the client.  idem_canonical's text stays in the database
+ * encoding (a text datum must), in the same order.
+ *
  * No catalog access, no locks, no SPI: the functions here are IMMUTABLE and
  * PARALLEL SAFE.  Everything allocated is freed before returning, so callers
  * on a hot path (idem_reserve) do not accumulate memory per call.
@@ -61,10 +68,12 @@
 #include "common/shortest_dec.h"
 #include "fmgr.h"
 #include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
+#include "utils/memutils.h"
 #include "utils/numeric.h"
 
 #include "idempotency.h"
@@ -142,8 +151,10 @@ typedef struct IgnorePointer
 /* An object member: where its name and value are in the container. */
 typedef struct MemberRef
 {
-	const char *key;
+	const char *key;			/* in the database encoding */
 	uint32		keylen;
+	const char *ukey;			/* in UTF-8: the same unless converted */
+	uint32		ukeylen;
 	JEntry		ventry;			/* the value's JEntry */
 	uint32		voffset;		/* the value's offset in the data area */
 	uint32		vlen;
@@ -164,6 +175,14 @@ typedef struct PathStep
 typedef struct CanonState
 {
 	CanonSink  *sink;
+
+	/*
+	 * In a database whose encoding is neither UTF8 nor SQL_ASCII, names are
+	 * converted to UTF-8 to be sorted, and for hashing strings are too;
+	 * conversions are allocated in convert_cxt, dropped at the end.
+	 */
+	bool		convert;
+	MemoryContext convert_cxt;
 
 	/* ignore pointers */
 	int			npointers;
@@ -390,7 +409,7 @@ member_qsort_cmp(const void *a, const void *b)
 	const MemberRef *ma = (const MemberRef *) a;
 	const MemberRef *mb = (const MemberRef *) b;
 
-	return compare_member_names(ma->key, ma->keylen, mb->key, mb->keylen);
+	return compare_member_names(ma->ukey, ma->ukeylen, mb->ukey, mb->ukeylen);
 }
 
 /*
@@ -413,8 +432,8 @@ sort_members(MemberRef *m, int n)
 		MemberRef	tmp = m[i];
 
 		for (j = i; j > 0 &&
-			 compare_member_names(m[j - 1].key, m[j - 1].keylen,
-								  tmp.key, tmp.keylen) > 0; j--)
+			 compare_member_names(m[j - 1].ukey, m[j - 1].ukeylen,
+								  tmp.ukey, tmp.ukeylen) > 0; j--)
 			m[j] = m[j - 1];
 		m[j] = tmp;
 	}
@@ -793,6 +812,34 @@ format_number(Numeric num, char *out, const PathStep *path)
  */
 
 /*
+ * to_utf8
+ *		The UTF-8 form of a string in the database encoding (only called when
+ *		st->convert).  ASCII is the same in every server encoding, so only
+ *		strings with a high-bit byte are converted.
+ */
+static const char *
+to_utf8(CanonState *st, const char *str, uint32 len, uint32 *ulen)
+{
+	MemoryContext oldcxt;
+	char	   *converted;
+	uint32		i;
+
+	*ulen = len;
+	for (i = 0; i < len; i++)
+		if (IS_HIGHBIT_SET(str[i]))
+			break;
+	if (i == len)
+		return str;
+
+	oldcxt = MemoryContextSwitchTo(st->convert_cxt);
+	converted = pg_server_to_any(str, (int) len, PG_UTF8);
+	MemoryContextSwitchTo(oldcxt);
+	if (converted != str)
+		*ulen = (uint32) strlen(converted);
+	return converted;
+}
+
+/*
  * emit_value
  *		Write one child of a container: "entry" is its JEntry, "data" the
  *		start of its bytes (before alignment padding), "len" their length.
@@ -807,7 +854,15 @@ emit_value(CanonState *st, JEntry entry, const char *data, uint32 offset,
 	switch (entry & JENTRY_TYPEMASK)
 	{
 		case JENTRY_ISSTRING:
-			emit_string(sink, data + offset, len);
+			if (unlikely(st->convert) && sink->text == NULL)
+			{
+				uint32		ulen;
+				const char *ustr = to_utf8(st, data + offset, len, &ulen);
+
+				emit_string(sink, ustr, ulen);
+			}
+			else
+				emit_string(sink, data + offset, len);
 			break;
 		case JENTRY_ISNUMERIC:
 			{
@@ -964,6 +1019,13 @@ emit_container(CanonState *st, JsonbContainer *jc, int depth,
 			JBE_ADVANCE_OFFSET(offset, entry);
 			m[i].key = data + start;
 			m[i].keylen = offset - start;
+			if (unlikely(st->convert))
+				m[i].ukey = to_utf8(st, m[i].key, m[i].keylen, &m[i].ukeylen);
+			else
+			{
+				m[i].ukey = m[i].key;
+				m[i].ukeylen = m[i].keylen;
+			}
 		}
 		for (i = 0; i < count; i++)
 		{
@@ -991,7 +1053,11 @@ emit_container(CanonState *st, JsonbContainer *jc, int depth,
 			if (!first)
 				sink_putc(sink, ',');
 			first = false;
-			emit_string(sink, member.key, member.keylen);
+			/* the text stays in the database encoding; the hash is UTF-8 */
+			if (sink->text != NULL)
+				emit_string(sink, member.key, member.keylen);
+			else
+				emit_string(sink, member.ukey, member.ukeylen);
 			sink_putc(sink, ':');
 			step.key = member.key;
 			step.keylen = (int) member.keylen;
@@ -1129,6 +1195,26 @@ parse_ignore(CanonState *st, ArrayType *ignore)
 	pfree(nulls);
 }
 
+/*
+ * Set up st for one call: ignore pointers parsed (raising on bad ones), and
+ * the conversion context when the database is not UTF8.
+ */
+static void
+init_state(CanonState *st, ArrayType *ignore)
+{
+	int			encoding = GetDatabaseEncoding();
+
+	memset(st, 0, sizeof(CanonState));
+	parse_ignore(st, ignore);
+	if (encoding != PG_UTF8 && encoding != PG_SQL_ASCII)
+	{
+		st->convert = true;
+		st->convert_cxt = AllocSetContextCreate(CurrentMemoryContext,
+												"idempotency fingerprint conversion",
+												ALLOCSET_DEFAULT_SIZES);
+	}
+}
+
 static void
 free_state(CanonState *st)
 {
@@ -1148,6 +1234,8 @@ free_state(CanonState *st)
 		pfree(st->active);
 	if (st->members)
 		pfree(st->members);
+	if (st->convert_cxt)
+		MemoryContextDelete(st->convert_cxt);
 }
 
 /* Walk the whole request into the sink. */
@@ -1177,8 +1265,7 @@ idem_compute_fingerprint(Jsonb *request, ArrayType *ignore, uint8 *result)
 	CanonState	st;
 	CanonSink	sink;
 
-	memset(&st, 0, sizeof(st));
-	parse_ignore(&st, ignore);
+	init_state(&st, ignore);
 
 	sink.len = 0;
 	sink.text = NULL;
@@ -1198,8 +1285,7 @@ canonical_into(Jsonb *request, ArrayType *ignore, StringInfo buf)
 	CanonState	st;
 	CanonSink	sink;
 
-	memset(&st, 0, sizeof(st));
-	parse_ignore(&st, ignore);
+	init_state(&st, ignore);
 
 	sink.len = 0;
 	sink.text = buf;
