@@ -188,7 +188,7 @@ typedef struct CanonState
 	int			npointers;
 	IgnorePointer *pointers;
 	int			maxtokens;
-	int		   *active;			/* maxtokens slices of npointers entries */
+	int		   *active;			/* maxtokens + 1 slices of npointers */
 
 	/* members of the objects on the current path, innermost last */
 	MemberRef  *members;
@@ -771,8 +771,8 @@ number_via_double(const NumericDigits *nd, char *out, const PathStep *path)
 
 /*
  * format_number
- *		The canonical text of a jsonb numeric into out (NUMBER_TEXT_LEN bytes);
- *		returns its length.  Raises 22003 for a number with no finite,
+ *		The canonical text of a jsonb numeric into out (NUMBER_TEXT_LEN
+ *		bytes); returns its length.  Raises 22003 for a number with no finite,
  *		non-zero double.
  */
 static int
@@ -1003,7 +1003,8 @@ emit_container(CanonState *st, JsonbContainer *jc, int depth,
 			if (st->members == NULL)
 				st->members = palloc(newsize * sizeof(MemberRef));
 			else
-				st->members = repalloc(st->members, newsize * sizeof(MemberRef));
+				st->members = repalloc(st->members,
+									   newsize * sizeof(MemberRef));
 			st->members_size = newsize;
 		}
 		base = st->members_used;
