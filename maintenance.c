@@ -393,7 +393,8 @@ cron_job_name(void)
 static char *
 maintain_command(FunctionCallInfo fcinfo)
 {
-	char	   *nspname = get_namespace_name(get_func_namespace(fcinfo->flinfo->fn_oid));
+	Oid			nspid = get_func_namespace(fcinfo->flinfo->fn_oid);
+	char	   *nspname = get_namespace_name(nspid);
 
 	return psprintf("CALL %s.idem_maintain()", quote_identifier(nspname));
 }

@@ -212,7 +212,8 @@ idem_stats_shmem_startup(void)
 	{
 		IdemStatsKey other;
 
-		idem_stats_make_key(&other, InvalidOid, IDEM_STATS_OTHER, IDEM_STATS_OTHER);
+		idem_stats_make_key(&other, InvalidOid,
+							IDEM_STATS_OTHER, IDEM_STATS_OTHER);
 		(void) idem_stats_enter(&other);
 	}
 	idem_stats_load();
@@ -263,7 +264,8 @@ idem_stats_enter(const IdemStatsKey *key)
 	{
 		IdemStatsKey other;
 
-		idem_stats_make_key(&other, InvalidOid, IDEM_STATS_OTHER, IDEM_STATS_OTHER);
+		idem_stats_make_key(&other, InvalidOid,
+							IDEM_STATS_OTHER, IDEM_STATS_OTHER);
 		return hash_search(idem_stats_hash, &other, HASH_FIND, NULL);
 	}
 
@@ -490,9 +492,10 @@ idem_stats_require_shmem(void)
  * idem_stats
  *		SQL: idem_stats() RETURNS SETOF (tenant, scope, created, ...): one
  *		row per (tenant, scope) of this database, and the overflow row (all
- *		databases together) when it has counted something.  Takes the stats lock in shared mode while copying; the
- *		counters are read one by one, so a row may mix values from just
- *		before and just after a concurrent count.
+ *		databases together) when it has counted something.  Takes the
+ *		stats lock in shared mode while copying; the counters are read one
+ *		by one, so a row may mix values from just before and just after a
+ *		concurrent count.
  */
 Datum
 idem_stats(PG_FUNCTION_ARGS)
