@@ -87,7 +87,12 @@ static const char *reap_sql =
  * stale_action = takeover keep their stale keys for the next attempt, which
  * takes them over; once such a key is also past expires_at nobody is coming
  * back for it, and it is flagged like the others (otherwise it would stay
- * processing, unreapable, for ever).
+ * processing, unflagged and unreapable, for ever).
+ *
+ * A flagged key stays "processing" with needs_reconciliation set, exactly
+ * as idem_reserve leaves a stale key it meets first: idem_reserve answers
+ * "stale" for it, the reaper never deletes it, and idem_resolve (which
+ * finishes processing keys) ends the reconciliation.
  */
 static const char *sweep_sql =
 "WITH stale AS ("
@@ -95,6 +100,7 @@ static const char *sweep_sql =
 "      FROM idempotency.keys k"
 "      LEFT JOIN idempotency.scopes s ON s.scope = k.scope"
 "     WHERE k.status = 'processing'"
+"       AND NOT k.needs_reconciliation"
 "       AND coalesce(k.locked_at, k.created_at)"
 "           < now() - coalesce($1, s.lock_timeout, $2)"
 "       AND (coalesce(s.stale_action, 'fail') = 'fail'"
@@ -102,7 +108,7 @@ static const char *sweep_sql =
 "       FOR UPDATE OF k SKIP LOCKED),"
 " flagged AS ("
 "    UPDATE idempotency.keys k"
-"       SET status = 'failed', needs_reconciliation = true"
+"       SET needs_reconciliation = true"
 "     WHERE k.ctid = ANY (ARRAY(SELECT row_id FROM stale))"
 " RETURNING k.tenant_id, k.scope)"
 " SELECT tenant_id, scope, count(*) FROM flagged GROUP BY tenant_id, scope";
@@ -273,8 +279,8 @@ idem_reap(PG_FUNCTION_ARGS)
  * idem_sweep
  *		SQL: idem_sweep(older_than interval DEFAULT NULL) RETURNS bigint
  *
- * Flags stale processing keys (see sweep_sql): status failed and
- * needs_reconciliation, for an operator to settle with idem_resolve.
+ * Flags stale processing keys (see sweep_sql) needs_reconciliation, for
+ * an operator to settle with idem_resolve; they stay processing.
  * older_than, when given, replaces every scope's lock_timeout.  Row locks:
  * the flagged rows only; rows locked by a live request are skipped.  Counts
  * "swept" per (tenant, scope) and returns the number flagged.

@@ -19,7 +19,7 @@ CREATE FUNCTION idem_sweep(older_than interval DEFAULT NULL)
     LANGUAGE C VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION idem_sweep(interval) IS
-    'flag stale processing keys as failed and needing reconciliation';
+    'flag stale processing keys as needing reconciliation';
 
 CREATE FUNCTION idem_reclaim_leases()
     RETURNS bigint

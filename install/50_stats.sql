@@ -57,6 +57,7 @@ SELECT k.processing,
                    AS oldest_processing_age,
                count(*) FILTER (
                    WHERE k.status = 'processing'
+                     AND NOT k.needs_reconciliation
                      AND coalesce(k.locked_at, k.created_at) < now() - coalesce(
                            s.lock_timeout,
                            current_setting('idempotency.default_lock_timeout', true)::interval,

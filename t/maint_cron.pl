@@ -74,7 +74,7 @@ for my $db (qw(postgres shop))
 			$db,
 			"SELECT string_agg(idem_key || ' ' || status || ' ' || needs_reconciliation, ', ' ORDER BY idem_key) FROM idempotency.keys"
 		),
-		'live succeeded false, stuck failed true',
+		'live succeeded false, stuck processing true',
 		"$db: expired keys reaped, the stuck reservation flagged");
 }
 is($node->safe_psql('postgres',

@@ -19,7 +19,8 @@ SELECT * FROM idempotency.health;
 
 \echo '== idem_reap() deletes one batch of expired, finished keys (SKIP LOCKED: it never waits for a live request):'
 SELECT idem_reap() AS reaped;
-\echo '== idem_sweep() flags reservations older than their lock_timeout (default 5min) for reconciliation:'
+\echo '== idem_sweep() flags reservations older than their lock_timeout (default 5min) for reconciliation;'
+\echo '== a retry of that key is now answered "stale" (409) until an operator settles it with idem_resolve():'
 SELECT idem_sweep() AS swept;
 SELECT idem_key, status, needs_reconciliation
   FROM idempotency.keys WHERE tenant_id = 'walk-maint' ORDER BY idem_key;
@@ -46,5 +47,5 @@ SELECT jobname, schedule, command, database FROM cron.job
 SELECT cron.unschedule('idempotency-maintenance-demo') AS unscheduled;
 \c demo
 
-\echo '== The stuck payment now waits for an operator; idem_resolve() settles it. Cleaning up the example:'
+\echo '== Cleaning up the example:'
 DELETE FROM idempotency.keys WHERE tenant_id = 'walk-maint';
