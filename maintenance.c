@@ -114,10 +114,12 @@ static const char *sweep_sql =
 " SELECT tenant_id, scope, count(*) FROM flagged GROUP BY tenant_id, scope";
 
 /*
- * Expired outbox leases: the worker died or gave up silently.  The message
- * goes back to pending, or to the dead letters when the lease was its last
- * allowed attempt (a message that crashes its worker every time must not
- * circulate for ever).
+ * Expired outbox leases: the worker died or hung.  As outbox_claim does when
+ * it meets such a row, the lost lease counts as a failed attempt: the
+ * message goes back to pending, or to the dead letters once that was its
+ * last allowed attempt (a message that crashes its worker every time must
+ * not circulate for ever).  The dead letter keeps leased_by, to say whose
+ * lease it was.
  */
 static const char *reclaim_sql =
 "WITH expired AS ("
@@ -126,12 +128,13 @@ static const char *reclaim_sql =
 "     WHERE o.status = 'leased' AND o.lease_until < now()"
 "       FOR UPDATE SKIP LOCKED)"
 " UPDATE idempotency.outbox o"
-"    SET status = CASE WHEN o.attempts >= o.max_attempts"
+"    SET status = CASE WHEN o.attempts + 1 >= o.max_attempts"
 "                      THEN 'dead' ELSE 'pending' END::idempotency.outbox_status,"
-"        last_error = CASE WHEN o.attempts >= o.max_attempts"
-"                          THEN 'lease expired on the last attempt'"
-"                          ELSE o.last_error END,"
-"        lease_token = NULL, leased_by = NULL, lease_until = NULL"
+"        attempts = o.attempts + 1,"
+"        last_error = 'lease of worker \"' || o.leased_by || '\" expired',"
+"        leased_by = CASE WHEN o.attempts + 1 >= o.max_attempts"
+"                         THEN o.leased_by END,"
+"        lease_token = NULL, lease_until = NULL"
 "  WHERE o.ctid = ANY (ARRAY(SELECT row_id FROM expired))";
 
 /* One batch of delivered outbox rows older than the retention ($2). */
@@ -330,8 +333,8 @@ idem_sweep(PG_FUNCTION_ARGS)
  * idem_reclaim_leases
  *		SQL: idem_reclaim_leases() RETURNS bigint
  *
- * Returns outbox rows whose lease has expired to pending (dead when that
- * was the last attempt) and clears the lease.  Row locks: those rows;
+ * Returns outbox rows whose lease has expired to pending, counting the
+ * lost attempt (dead when that was the last one), and clears the lease.  Row locks: those rows;
  * rows a worker is acknowledging right now are skipped.
  */
 Datum

@@ -29,7 +29,7 @@ INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
                                 lease_until, done_at, last_error)
 VALUES ('maint-m', 'expired-lease', '{}', 'leased', 1, 5, gen_random_uuid(),
         'w1', now() - interval '1 minute', NULL, NULL),
-       ('maint-m', 'last-attempt', '{}', 'leased', 5, 5, gen_random_uuid(),
+       ('maint-m', 'last-attempt', '{}', 'leased', 4, 5, gen_random_uuid(),
         'w1', now() - interval '1 minute', NULL, 'timeout'),
        ('maint-m', 'live-lease', '{}', 'leased', 1, 5, gen_random_uuid(),
         'w2', now() + interval '1 minute', NULL, NULL),
