@@ -446,6 +446,8 @@ idem_stats_shmem_shutdown(int code, Datum arg pg_attribute_unused())
 		IdemStatsFileEntry saved;
 		int			c;
 
+		/* no uninitialised padding in the file */
+		memset(&saved, 0, sizeof(saved));
 		memcpy(&saved.key, &entry->key, sizeof(IdemStatsKey));
 		for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
 			saved.counters[c] = pg_atomic_read_u64(&entry->counters[c]);
