@@ -67,7 +67,8 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM idempotency.stats'),
 	'0', 'reset');
 $node->stop;
 
-# without shared_preload_libraries: the view says what to do, the rest works
+# without shared_preload_libraries (neither idempotency nor pg_cron): the
+# view and the scheduler say what to do, the rest works
 my $plain = PostgreSQL::Test::Cluster->new('plain');
 $plain->init;
 if ($ENV{IDEM_DESTDIR})
@@ -87,6 +88,13 @@ like($err, qr/ERROR:  55000: idempotency statistics are not available/,
 	'stats without preload: 55000');
 like($err, qr/HINT:  Add idempotency to shared_preload_libraries/,
 	'stats without preload: the hint says how');
+($ret, $out, $err) =
+  $plain->psql('postgres', 'SELECT idem_schedule_maintenance()');
+like($err, qr/ERROR:  pg_cron is not loaded on this server/,
+	'scheduling without pg_cron loaded: error');
+like($err,
+	qr/HINT:  Add pg_cron to shared_preload_libraries, .* and there run: SELECT cron.schedule_in_database\('idempotency-maintenance-postgres', '\* \* \* \* \*', 'CALL public.idem_maintain\(\)', 'postgres'\);/,
+	'scheduling without pg_cron loaded: the hint says how');
 $node = $plain;
 reap_for_tenants('postgres', 'p', 1);
 is($plain->safe_psql('postgres', 'SELECT count(*) FROM idempotency.keys'),
