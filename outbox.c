@@ -99,29 +99,40 @@ static const char *outbox_enqueue_sql =
 " RETURNING id";
 
 /*
- * outbox_claim: one statement per combination of filters, so each gets a
- * plan of its own (a generic plan with "$4 IS NULL OR ..." would filter no
- * better than the worst case).  The candidate predicate must stay textually
- * equal to the predicate of outbox_claim_idx for the planner to use it.
+ * outbox_claim runs two statements.  The first locks the candidates, oldest
+ * available_at first, FOR UPDATE SKIP LOCKED; there is one such statement
+ * per combination of filters, so each gets a plan of its own (a generic
+ * plan with "$2 IS NULL OR ..." would filter no better than the worst
+ * case).  Its predicate must stay textually equal to the predicate of
+ * outbox_claim_idx for the planner to use that index.
+ *
+ * The second leases the locked rows, found by the ctids the first returned:
+ * a TID scan.  Two statements rather than one UPDATE ... FROM (subquery)
+ * because a generic plan guesses a tenth of the table for "LIMIT $1", and
+ * would then join the subquery to the table by a hash join over a
+ * sequential scan; apart, neither plan depends on that guess.  Under READ
+ * COMMITTED the second statement's snapshot sees the versions the first
+ * one locked, even those committed after the first statement began.
  *
  * A row whose lease expired counts the lost attempt: it is handed out again
  * with attempts + 1, or dead-lettered once that reaches max_attempts, so a
  * message that crashes every worker cannot loop forever.  Dead-lettered
- * rows are filtered out of the result.  The result is sorted by when each
- * row became available (before this claim overwrote available_at).
- *
- * The update finds its rows by the ctid the locking subquery returns (the
- * version it locked), and the plan is forced generic: with "LIMIT $2" the
- * planner guesses a tenth of the table, which would price a join on the
- * primary key as a hash join over a sequential scan, and a custom plan per
- * call would re-plan every claim.  A TID scan per row costs the same at
- * any table size.  (A candidate that another transaction updated after
- * this statement's snapshot, yet still due, is locked but its new version
- * is invisible to the TID scan: it stays as it is, due for the next claim.)
+ * rows (the only ones left without a lease_token) are left out of the
+ * result, which outbox_claim sorts back into the order the rows were locked
+ * in.
  */
-static const char *outbox_claim_sql_format =
-"WITH claimed AS ("
-" UPDATE idempotency.outbox o"
+static const char *outbox_lock_sql_format =
+"SELECT c.ctid, c.tenant_id, c.id"
+"  FROM idempotency.outbox c"
+" WHERE c.status IN ('pending', 'leased')"
+"   AND c.available_at <= pg_catalog.statement_timestamp()"
+"   %s%s"
+" ORDER BY c.available_at"
+" LIMIT $1"
+"   FOR UPDATE SKIP LOCKED";
+
+static const char *outbox_lease_sql =
+"UPDATE idempotency.outbox o"
 "    SET status = CASE WHEN o.status = 'leased' AND o.attempts + 1 >= o.max_attempts"
 "                      THEN 'dead'::idempotency.outbox_status"
 "                      ELSE 'leased'::idempotency.outbox_status END,"
@@ -134,21 +145,10 @@ static const char *outbox_claim_sql_format =
 "        leased_by = CASE WHEN o.status = 'leased' AND o.attempts + 1 >= o.max_attempts"
 "                         THEN o.leased_by ELSE $1 END,"
 "        lease_until = CASE WHEN o.status = 'leased' AND o.attempts + 1 >= o.max_attempts"
-"                           THEN NULL ELSE pg_catalog.statement_timestamp() + $3 END,"
-"        available_at = pg_catalog.statement_timestamp() + $3"
-"   FROM (SELECT c.ctid AS row_tid, c.available_at"
-"           FROM idempotency.outbox c"
-"          WHERE c.status IN ('pending', 'leased')"
-"            AND c.available_at <= pg_catalog.statement_timestamp()"
-"            %s%s"
-"          ORDER BY c.available_at"
-"          LIMIT $2"
-"            FOR UPDATE SKIP LOCKED) AS cand"
-"  WHERE o.ctid = cand.row_tid"
-" RETURNING o AS r, cand.available_at AS queued_at)"
-" SELECT (r).* FROM claimed"
-"  WHERE (r).status = 'leased'"
-"  ORDER BY queued_at, (r).id";
+"                           THEN NULL ELSE pg_catalog.statement_timestamp() + $2 END,"
+"        available_at = pg_catalog.statement_timestamp() + $2"
+"  WHERE o.ctid = ANY ($3)"
+" RETURNING o.*";
 
 static const char *outbox_ack_sql =
 "UPDATE idempotency.outbox"
@@ -186,7 +186,8 @@ static const char *outbox_status_sql =
 
 /* Saved plans, prepared on first use in this backend. */
 static SPIPlanPtr enqueue_plan = NULL;
-static SPIPlanPtr claim_plans[4] = {NULL, NULL, NULL, NULL};
+static SPIPlanPtr lock_plans[4] = {NULL, NULL, NULL, NULL};
+static SPIPlanPtr lease_plan = NULL;
 static SPIPlanPtr ack_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
 static SPIPlanPtr requeue_plan = NULL;
@@ -196,20 +197,24 @@ static SPIPlanPtr status_plan = NULL;
 #define CLAIM_FILTER_TENANT 2
 
 /*
- * Return the saved plan in *cache, preparing and keeping it on first use
- * with the given CURSOR_OPT_* planner options.  Must be called between
- * SPI_connect and SPI_finish.
+ * Return the saved plan in *cache, preparing and keeping it on first use.
+ * Must be called between SPI_connect and SPI_finish.
+ *
+ * Plans are forced generic: the plan cache would otherwise compare the
+ * generic plan of "LIMIT $1", priced for a tenth of the table, with a custom
+ * plan for the actual batch, find it dearer and re-plan on every call.  The
+ * generic plans of these statements are the index and TID scans the
+ * statements are written for.
  */
 static SPIPlanPtr
-outbox_plan_opts(SPIPlanPtr *cache, const char *sql, int nargs,
-				 Oid *argtypes, int cursor_options)
+outbox_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
 {
 	SPIPlanPtr	plan;
 
 	if (*cache != NULL)
 		return *cache;
 
-	plan = SPI_prepare_cursor(sql, nargs, argtypes, cursor_options);
+	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
 	if (plan == NULL)
 		elog(ERROR, "SPI_prepare failed for outbox statement: %s",
 			 SPI_result_code_string(SPI_result));
@@ -217,12 +222,6 @@ outbox_plan_opts(SPIPlanPtr *cache, const char *sql, int nargs,
 		elog(ERROR, "SPI_keepplan failed for outbox statement");
 	*cache = plan;
 	return plan;
-}
-
-static SPIPlanPtr
-outbox_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
-{
-	return outbox_plan_opts(cache, sql, nargs, argtypes, 0);
 }
 
 /* ----------------------------------------------------------------
@@ -526,15 +525,26 @@ outbox_claim(PG_FUNCTION_ARGS)
 	Interval   *lease;
 	char	   *tenant = NULL;
 	int			filters = 0;
-	Oid			argtypes[5] = {TEXTOID, INT4OID, INTERVALOID, TEXTARRAYOID, TEXTOID};
-	Datum		values[5];
-	char		nulls[5] = {' ', ' ', ' ', 'n', 'n'};
+	Oid			lock_argtypes[3] = {INT4OID, TEXTARRAYOID, TEXTOID};
+	Datum		lock_values[3];
+	char		lock_nulls[3] = {' ', 'n', 'n'};
+	Oid			lease_argtypes[3] = {TEXTOID, INTERVALOID, TIDARRAYOID};
+	Datum		lease_values[3];
 	TupleDesc	tupdesc;
 	Tuplestorestate *tupstore;
 	MemoryContext oldcontext;
 	SPIPlanPtr	plan;
 	int			rc;
+	uint64		nlocked;
 	uint64		i;
+	Datum	   *tids;
+	char	  **locked_tenants;
+	int64	   *locked_ids;
+	HeapTuple  *ordered;
+	SPITupleTable *leased;
+	int			lease_token_attno;
+	Datum	   *rowvalues;
+	bool	   *rownulls;
 
 	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
 		(rsinfo->allowedModes & SFRM_Materialize) == 0)
@@ -574,22 +584,20 @@ outbox_claim(PG_FUNCTION_ARGS)
 	else if (idem_session_tenant != NULL && idem_session_tenant[0] != '\0')
 		tenant = idem_session_tenant;
 
-	values[0] = CStringGetTextDatum(worker);
-	values[1] = Int32GetDatum(batch);
-	values[2] = IntervalPGetDatum(lease);
-	values[3] = (Datum) 0;
-	values[4] = (Datum) 0;
+	lock_values[0] = Int32GetDatum(batch);
+	lock_values[1] = (Datum) 0;
+	lock_values[2] = (Datum) 0;
 	if (!PG_ARGISNULL(3))
 	{
 		filters |= CLAIM_FILTER_TOPICS;
-		values[3] = PG_GETARG_DATUM(3);
-		nulls[3] = ' ';
+		lock_values[1] = PG_GETARG_DATUM(3);
+		lock_nulls[1] = ' ';
 	}
 	if (tenant != NULL)
 	{
 		filters |= CLAIM_FILTER_TENANT;
-		values[4] = CStringGetTextDatum(tenant);
-		nulls[4] = ' ';
+		lock_values[2] = CStringGetTextDatum(tenant);
+		lock_nulls[2] = ' ';
 	}
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
@@ -602,38 +610,102 @@ outbox_claim(PG_FUNCTION_ARGS)
 	MemoryContextSwitchTo(oldcontext);
 
 	SPI_connect();
-	if (claim_plans[filters] == NULL)
-	{
-		char		sql[4096];
 
-		snprintf(sql, sizeof(sql), outbox_claim_sql_format,
+	/* 1. lock the candidates */
+	if (lock_plans[filters] == NULL)
+	{
+		char		sql[1024];
+
+		snprintf(sql, sizeof(sql), outbox_lock_sql_format,
 				 (filters & CLAIM_FILTER_TOPICS) ?
-				 " AND c.topic = ANY ($4)" : " AND $4::text[] IS NULL",
+				 " AND c.topic = ANY ($2)" : " AND $2::text[] IS NULL",
 				 (filters & CLAIM_FILTER_TENANT) ?
-				 " AND c.tenant_id = $5" : " AND $5::text IS NULL");
-		outbox_plan_opts(&claim_plans[filters], sql, 5, argtypes,
-						 CURSOR_OPT_GENERIC_PLAN);
+				 " AND c.tenant_id = $3" : " AND $3::text IS NULL");
+		outbox_plan(&lock_plans[filters], sql, 3, lock_argtypes);
 	}
-	plan = claim_plans[filters];
-	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	rc = SPI_execute_plan(lock_plans[filters], lock_values, lock_nulls,
+						  false, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "outbox claim failed: %s", SPI_result_code_string(rc));
+	nlocked = SPI_processed;
 
-	if (SPI_tuptable->tupdesc->natts != tupdesc->natts)
-		elog(ERROR, "outbox claim returned %d columns, expected %d",
-			 SPI_tuptable->tupdesc->natts, tupdesc->natts);
-
-	for (i = 0; i < SPI_processed; i++)
+	if (nlocked > 0)
 	{
-		Datum	   *rowvalues = palloc(sizeof(Datum) * tupdesc->natts);
-		bool	   *rownulls = palloc(sizeof(bool) * tupdesc->natts);
+		SPITupleTable *locked = SPI_tuptable;
+		ArrayType  *tidarray;
 
-		heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
-						  rowvalues, rownulls);
-		/* copies the values into the tuplestore's context */
-		tuplestore_putvalues(tupstore, tupdesc, rowvalues, rownulls);
-		pfree(rowvalues);
-		pfree(rownulls);
+		tids = palloc(sizeof(Datum) * nlocked);
+		locked_tenants = palloc(sizeof(char *) * nlocked);
+		locked_ids = palloc(sizeof(int64) * nlocked);
+		for (i = 0; i < nlocked; i++)
+		{
+			bool		isnull;
+
+			tids[i] = SPI_getbinval(locked->vals[i], locked->tupdesc, 1, &isnull);
+			locked_tenants[i] = SPI_getvalue(locked->vals[i], locked->tupdesc, 2);
+			locked_ids[i] = DatumGetInt64(SPI_getbinval(locked->vals[i],
+														locked->tupdesc, 3,
+														&isnull));
+		}
+		tidarray = construct_array(tids, (int) nlocked, TIDOID,
+								   sizeof(ItemPointerData), false,
+								   TYPALIGN_SHORT);
+
+		/* 2. lease them */
+		lease_values[0] = CStringGetTextDatum(worker);
+		lease_values[1] = IntervalPGetDatum(lease);
+		lease_values[2] = PointerGetDatum(tidarray);
+		plan = outbox_plan(&lease_plan, outbox_lease_sql, 3, lease_argtypes);
+		rc = SPI_execute_plan(plan, lease_values, NULL, false, 0);
+		if (rc != SPI_OK_UPDATE_RETURNING)
+			elog(ERROR, "outbox lease failed: %s", SPI_result_code_string(rc));
+		leased = SPI_tuptable;
+		if (leased->tupdesc->natts != tupdesc->natts)
+			elog(ERROR, "outbox lease returned %d columns, expected %d",
+				 leased->tupdesc->natts, tupdesc->natts);
+		lease_token_attno = SPI_fnumber(leased->tupdesc, "lease_token");
+		if (lease_token_attno <= 0)
+			elog(ERROR, "outbox lease returned no lease_token column");
+
+		/* back into lock order, which is available_at order */
+		ordered = palloc0(sizeof(HeapTuple) * nlocked);
+		for (i = 0; i < SPI_processed; i++)
+		{
+			HeapTuple	tuple = leased->vals[i];
+			bool		isnull;
+			int64		id;
+			char	   *row_tenant;
+			uint64		j;
+
+			(void) SPI_getbinval(tuple, leased->tupdesc, lease_token_attno,
+								 &isnull);
+			if (isnull)
+				continue;		/* dead-lettered by this claim */
+			id = DatumGetInt64(SPI_getbinval(tuple, leased->tupdesc, 2, &isnull));
+			row_tenant = SPI_getvalue(tuple, leased->tupdesc, 1);
+			for (j = 0; j < nlocked; j++)
+			{
+				if (locked_ids[j] == id &&
+					strcmp(locked_tenants[j], row_tenant) == 0)
+				{
+					ordered[j] = tuple;
+					break;
+				}
+			}
+			if (j == nlocked)
+				elog(ERROR, "outbox lease returned a row it did not lock");
+		}
+
+		rowvalues = palloc(sizeof(Datum) * tupdesc->natts);
+		rownulls = palloc(sizeof(bool) * tupdesc->natts);
+		for (i = 0; i < nlocked; i++)
+		{
+			if (ordered[i] == NULL)
+				continue;		/* dead-lettered */
+			heap_deform_tuple(ordered[i], leased->tupdesc, rowvalues, rownulls);
+			/* copies the values into the tuplestore's context */
+			tuplestore_putvalues(tupstore, tupdesc, rowvalues, rownulls);
+		}
 	}
 	SPI_finish();
 
