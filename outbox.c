@@ -499,7 +499,8 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	/* transactional: delivered to listeners only when the caller commits */
-	Async_Notify(OUTBOX_CHANNEL, topic_str);
+	if (idem_outbox_notify)
+		Async_Notify(OUTBOX_CHANNEL, topic_str);
 
 	PG_RETURN_INT64(id);
 }
@@ -863,7 +864,8 @@ outbox_requeue(PG_FUNCTION_ARGS)
 											 SPI_tuptable->tupdesc, 1));
 	SPI_finish();
 
-	Async_Notify(OUTBOX_CHANNEL, topic);
+	if (idem_outbox_notify)
+		Async_Notify(OUTBOX_CHANNEL, topic);
 
 	PG_RETURN_VOID();
 }

@@ -3,7 +3,8 @@
 # on tables of the same shape (same columns, keys, indexes, fillfactor):
 #  1. enqueue: a new-request transaction (business INSERT + outbox_enqueue,
 #     which also queues the NOTIFY) against the same transaction with a
-#     plain INSERT into the plain table;
+#     plain INSERT into the plain table, and against outbox_enqueue with
+#     idempotency.outbox_notify off;
 #  2. claim + ack with 1, 2 and 4 workers: outbox_claim(batch 1), then
 #     outbox_ack, each in its own transaction as a worker does, against
 #     - "plain": the hand-written queue: BEGIN; SELECT ... FOR UPDATE SKIP
@@ -38,8 +39,10 @@ tps() {
     echo "$out" | awk '/^tps = / { print $3 }'
 }
 
+# $1 = on or off: idempotency.outbox_notify for the run's new sessions
 prep_enqueue() {
     psql -X -q -d "$DB" -c "TRUNCATE bench_orders, plain_outbox, idempotency.outbox" \
+         -c "ALTER DATABASE $DB SET idempotency.outbox_notify = $1" \
          -c "CHECKPOINT" >/dev/null
 }
 
@@ -67,7 +70,11 @@ measure() {
         for side in "${sides[@]}"; do
             table=${side%%:*}
             script=${side#*:}
-            if [ "$table" = enqueue ]; then prep_enqueue; else prep_queue "$table"; fi
+            case $table in
+                enqueue) prep_enqueue on ;;
+                enqueue-no-notify) prep_enqueue off ;;
+                *) prep_queue "$table" ;;
+            esac
             runs+=("$(tps "$script" "$clients")")
         done
     done
@@ -76,7 +83,8 @@ measure() {
         printf "%s\n", label
         for (i = 1; i <= n; i++) {
             mean[i] = ($i + $(i + n)) / 2
-            sub(/^[^:]*:/, "", nm[i]); sub(/\.sql$/, "", nm[i])
+            if (nm[i] ~ /^enqueue-no-notify:/) nm[i] = nm[i] " (notify off)"
+            sub(/^[^:]*:/, "", nm[i]); sub(/\.sql/, "", nm[i])
             printf "    %-26s %9.1f tps  (runs %.1f, %.1f)", nm[i], mean[i], $i, $(i + n)
             if (i > 1) printf "   extension / this = %.2fx", mean[1] / mean[i]
             printf "\n"
@@ -86,7 +94,8 @@ measure() {
 
 echo "outbox: ${SECS}s per run, every side twice interleaved; $PREFILL rows queued before each claim run"
 measure "enqueue in a new-request transaction, $ENQ_CLIENTS clients" "$ENQ_CLIENTS" \
-    enqueue:enqueue_extension.sql enqueue:enqueue_plain.sql
+    enqueue:enqueue_extension.sql enqueue:enqueue_plain.sql \
+    enqueue-no-notify:enqueue_extension.sql
 for w in 1 2 4; do
     measure "claim + ack, $w worker(s)" "$w" \
         idempotency.outbox:claim_ack_extension.sql \
