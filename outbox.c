@@ -29,9 +29,11 @@
  * lease expired and whose row was claimed again cannot overwrite the new
  * holder's outcome.
  *
- * Every statement is prepared once per backend (SPI_prepare +
- * SPI_keepplan) with parameters; the plan cache replans them by itself
- * when the table changes.
+ * Every statement is prepared once per backend (SPI_prepare_cursor +
+ * SPI_keepplan) with parameters and a generic plan; the plan cache replans
+ * them by itself when the table changes.  Workers should claim under READ
+ * COMMITTED: under REPEATABLE READ, locking a row that another worker
+ * changed since the snapshot raises a serialization failure.
  *
  * IDENTIFICATION
  *	  outbox.c
@@ -39,8 +41,6 @@
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
-
-#include <math.h>
 
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
@@ -52,7 +52,6 @@
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
-#include "utils/uuid.h"
 
 #if PG_VERSION_NUM >= 150000
 #include "common/pg_prng.h"
