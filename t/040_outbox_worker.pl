@@ -46,7 +46,7 @@ my $url = "http://127.0.0.1:$port/charge";
 
 my $stop_file = "$dir/stop";
 my %common = (OUTBOX_STOP_FILE => $stop_file, OUTBOX_DEADLINE => 90,
-	OUTBOX_LEASE => '2 seconds', OUTBOX_BATCH => 5);
+	OUTBOX_LEASE => '3 seconds', OUTBOX_BATCH => 5);
 
 sub start_worker
 {
@@ -62,13 +62,13 @@ sub start_worker
 my $pause_file = "$dir/paused";
 my $doomed = start_worker('w-crash', OUTBOX_PAUSE_FILE => $pause_file);
 wait_for_file($pause_file, 30) or BAIL_OUT('worker did not reach the pause');
+my $held = $node->safe_psql('postgres',
+	"SELECT count(*) FROM idempotency.outbox WHERE leased_by = 'w-crash' AND status = 'leased'");
+cmp_ok($held, '>=', 1, 'the doomed worker holds leased rows');
 my @workers = map { start_worker("w-$_") } 1 .. 3;
 
 # kill -9 after the provider call, before the ack
 my $doomed_pid = slurp_file($pause_file);
-my $held = $node->safe_psql('postgres',
-	"SELECT count(*) FROM idempotency.outbox WHERE leased_by = 'w-crash' AND status = 'leased'");
-cmp_ok($held, '>=', 1, 'the doomed worker holds leased rows');
 kill 'KILL', $doomed_pid;
 $doomed->{h}->finish;
 is($doomed->{h}->full_result & 127, 9, 'the doomed worker died of SIGKILL');

@@ -12,8 +12,8 @@
 #     - "plain 1-stmt": a tighter hand-written round that locks and leases
 #       in one UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED).
 #     Both queues are refilled with the same rows before every run.
-# Every side runs twice, interleaved (A B C A B C); a figure is the mean of
-# its two runs.  Runs inside pg_virtualenv as postgres (bench/run.sh).
+# Every side runs twice, in mirrored order (A B C C B A); a figure is the
+# mean of its two runs.  Runs inside pg_virtualenv as postgres (bench/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -59,40 +59,43 @@ CHECKPOINT;
 SQL
 }
 
-# run "label clients table:script ..." twice, interleaved; print the means
-# and each side's ratio to the first side
+# run "label clients table:script ..." twice, in mirrored order (A B C C B
+# A, which cancels a steady drift of the machine); print each side's mean
+# and the extension's (first side's) ratio to it
 measure() {
     local label=$1 clients=$2
     shift 2
-    local -a sides=("$@") runs=()
-    local round side table script
-    for round in 1 2; do
-        for side in "${sides[@]}"; do
-            table=${side%%:*}
-            script=${side#*:}
-            case $table in
-                enqueue) prep_enqueue on ;;
-                enqueue-no-notify) prep_enqueue off ;;
-                *) prep_queue "$table" ;;
-            esac
-            runs+=("$(tps "$script" "$clients")")
-        done
+    local -a sides=("$@") order=() runs=()
+    local n=$# i side table script
+    for ((i = 0; i < n; i++)); do order+=("$i"); done
+    for ((i = n - 1; i >= 0; i--)); do order+=("$i"); done
+    for i in "${order[@]}"; do
+        side=${sides[$i]}
+        table=${side%%:*}
+        script=${side#*:}
+        case $table in
+            enqueue) prep_enqueue on ;;
+            enqueue-no-notify) prep_enqueue off ;;
+            *) prep_queue "$table" ;;
+        esac
+        runs+=("$(tps "$script" "$clients")")
     done
-    echo "${runs[*]}" | awk -v label="$label" -v n=${#sides[@]} -v names="${sides[*]}" '{
+    echo "${runs[*]}" | awk -v label="$label" -v n=$n -v names="${sides[*]}" '{
         split(names, nm, " ")
         printf "%s\n", label
         for (i = 1; i <= n; i++) {
-            mean[i] = ($i + $(i + n)) / 2
+            first = $i; second = $(2 * n + 1 - i)
+            mean[i] = (first + second) / 2
             if (nm[i] ~ /^enqueue-no-notify:/) nm[i] = nm[i] " (notify off)"
             sub(/^[^:]*:/, "", nm[i]); sub(/\.sql/, "", nm[i])
-            printf "    %-26s %9.1f tps  (runs %.1f, %.1f)", nm[i], mean[i], $i, $(i + n)
+            printf "    %-36s %8.1f tps  (runs %.1f, %.1f)", nm[i], mean[i], first, second
             if (i > 1) printf "   extension / this = %.2fx", mean[1] / mean[i]
             printf "\n"
         }
     }'
 }
 
-echo "outbox: ${SECS}s per run, every side twice interleaved; $PREFILL rows queued before each claim run"
+echo "outbox: ${SECS}s per run, every side twice (A B C C B A); $PREFILL rows queued before each claim run"
 measure "enqueue in a new-request transaction, $ENQ_CLIENTS clients" "$ENQ_CLIENTS" \
     enqueue:enqueue_extension.sql enqueue:enqueue_plain.sql \
     enqueue-no-notify:enqueue_extension.sql
