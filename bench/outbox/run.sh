@@ -19,7 +19,7 @@ cd "$(dirname "$0")"
 
 DB=bench_outbox
 SECS=${OUTBOX_BENCH_SECS:-10}
-PREFILL=${OUTBOX_BENCH_PREFILL:-100000}
+PREFILL=${OUTBOX_BENCH_PREFILL:-60000}
 ENQ_CLIENTS=${OUTBOX_BENCH_ENQ_CLIENTS:-4}
 
 dropdb --if-exists "$DB" 2>/dev/null

@@ -12,8 +12,8 @@ Environment:
   OUTBOX_DEADLINE         seconds before giving up (default 60)
   OUTBOX_LEASE            lease interval (default '2 seconds')
   OUTBOX_BATCH            rows per claim (default 5)
-  OUTBOX_PAUSE_FILE       after the first provider call, write the pid to
-                          this file and hang before acking (to be killed)
+  OUTBOX_PAUSE_FILE       after the first provider call, write "pid key"
+                          to this file and hang before acking (to be killed)
 """
 import json
 import os
@@ -63,7 +63,7 @@ while time.time() < deadline and not (stop_file and os.path.exists(stop_file)):
         if pause_file:
             # the provider has done its work; die here before the ack
             with open(pause_file + ".tmp", "w") as f:
-                f.write(str(os.getpid()))
+                f.write("%d %s:%s" % (os.getpid(), row[3], row[4]))
             os.rename(pause_file + ".tmp", pause_file)
             while True:
                 time.sleep(1)
