@@ -166,7 +166,7 @@ static const char *outbox_nack_sql =
 "                 LEAST(" CppAsString2(OUTBOX_BACKOFF_CAP_SECS) "::float8,"
 "                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::float8"
 "                       * pg_catalog.power(2.0::float8,"
-"                                                     LEAST(attempts, 30)::float8))"
+"                                          LEAST(attempts, 30)::float8))"
 "                 * $6)),"
 "       last_error = $4, lease_token = NULL, lease_until = NULL"
 " WHERE tenant_id = $1 AND id = $2 AND status = 'leased' AND lease_token = $3"
@@ -194,6 +194,27 @@ static SPIPlanPtr status_plan = NULL;
 
 #define CLAIM_FILTER_TOPICS 1
 #define CLAIM_FILTER_TENANT 2
+
+/* A row locked by outbox_claim, and its place in the result. */
+typedef struct ClaimedRow
+{
+	int64		id;
+	char	   *tenant;
+	uint64		position;		/* in lock order: oldest available_at first */
+	HeapTuple	leased;			/* leased version; NULL if dead-lettered */
+} ClaimedRow;
+
+/* Order ClaimedRows by primary key, (id, tenant) for a cheaper compare. */
+static int
+claimed_row_cmp(const void *a, const void *b)
+{
+	const ClaimedRow *ra = (const ClaimedRow *) a;
+	const ClaimedRow *rb = (const ClaimedRow *) b;
+
+	if (ra->id != rb->id)
+		return ra->id < rb->id ? -1 : 1;
+	return strcmp(ra->tenant, rb->tenant);
+}
 
 /*
  * Return the saved plan in *cache, preparing and keeping it on first use.
@@ -538,8 +559,7 @@ outbox_claim(PG_FUNCTION_ARGS)
 	uint64		nlocked;
 	uint64		i;
 	Datum	   *tids;
-	char	  **locked_tenants;
-	int64	   *locked_ids;
+	ClaimedRow *rows;
 	HeapTuple  *ordered;
 	SPITupleTable *leased;
 	int			lease_token_attno;
@@ -635,17 +655,18 @@ outbox_claim(PG_FUNCTION_ARGS)
 		ArrayType  *tidarray;
 
 		tids = palloc(sizeof(Datum) * nlocked);
-		locked_tenants = palloc(sizeof(char *) * nlocked);
-		locked_ids = palloc(sizeof(int64) * nlocked);
+		rows = palloc(sizeof(ClaimedRow) * nlocked);
 		for (i = 0; i < nlocked; i++)
 		{
 			bool		isnull;
 
 			tids[i] = SPI_getbinval(locked->vals[i], locked->tupdesc, 1, &isnull);
-			locked_tenants[i] = SPI_getvalue(locked->vals[i], locked->tupdesc, 2);
-			locked_ids[i] = DatumGetInt64(SPI_getbinval(locked->vals[i],
-														locked->tupdesc, 3,
-														&isnull));
+			rows[i].tenant = SPI_getvalue(locked->vals[i], locked->tupdesc, 2);
+			rows[i].id = DatumGetInt64(SPI_getbinval(locked->vals[i],
+													 locked->tupdesc, 3,
+													 &isnull));
+			rows[i].position = i;
+			rows[i].leased = NULL;
 		}
 		tidarray = construct_array(tids, (int) nlocked, TIDOID,
 								   sizeof(ItemPointerData), false,
@@ -667,34 +688,35 @@ outbox_claim(PG_FUNCTION_ARGS)
 		if (lease_token_attno <= 0)
 			elog(ERROR, "outbox lease returned no lease_token column");
 
-		/* back into lock order, which is available_at order */
-		ordered = palloc0(sizeof(HeapTuple) * nlocked);
+		/*
+		 * The TID scan returns rows in physical order: put them back in lock
+		 * order, which is available_at order, by looking each up by key.
+		 */
+		qsort(rows, nlocked, sizeof(ClaimedRow), claimed_row_cmp);
 		for (i = 0; i < SPI_processed; i++)
 		{
 			HeapTuple	tuple = leased->vals[i];
 			bool		isnull;
-			int64		id;
-			char	   *row_tenant;
-			uint64		j;
+			ClaimedRow	key;
+			ClaimedRow *found;
 
 			(void) SPI_getbinval(tuple, leased->tupdesc, lease_token_attno,
 								 &isnull);
 			if (isnull)
 				continue;		/* dead-lettered by this claim */
-			id = DatumGetInt64(SPI_getbinval(tuple, leased->tupdesc, 2, &isnull));
-			row_tenant = SPI_getvalue(tuple, leased->tupdesc, 1);
-			for (j = 0; j < nlocked; j++)
-			{
-				if (locked_ids[j] == id &&
-					strcmp(locked_tenants[j], row_tenant) == 0)
-				{
-					ordered[j] = tuple;
-					break;
-				}
-			}
-			if (j == nlocked)
+			key.id = DatumGetInt64(SPI_getbinval(tuple, leased->tupdesc, 2,
+												 &isnull));
+			key.tenant = SPI_getvalue(tuple, leased->tupdesc, 1);
+			found = bsearch(&key, rows, nlocked, sizeof(ClaimedRow),
+							claimed_row_cmp);
+			if (found == NULL)
 				elog(ERROR, "outbox lease returned a row it did not lock");
+			found->leased = tuple;
 		}
+
+		ordered = palloc0(sizeof(HeapTuple) * nlocked);
+		for (i = 0; i < nlocked; i++)
+			ordered[rows[i].position] = rows[i].leased;
 
 		rowvalues = palloc(sizeof(Datum) * tupdesc->natts);
 		rownulls = palloc(sizeof(bool) * tupdesc->natts);
