@@ -82,3 +82,11 @@ COMMENT ON FUNCTION outbox_requeue(text, bigint) IS
     'return a dead letter to the queue (operators only)';
 
 REVOKE EXECUTE ON FUNCTION outbox_requeue(text, bigint) FROM PUBLIC;
+
+/*
+ * Undelivered intents are data, not configuration: pg_dump must keep them,
+ * and the id sequence with them, or a restored database would lose pending
+ * side effects and hand out ids again.
+ */
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_id_seq', '');

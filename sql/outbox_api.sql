@@ -174,3 +174,10 @@ RESET ROLE;
 SELECT status FROM idempotency.outbox WHERE id = :app_id;
 DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_a';
 DROP ROLE regress_obx_app;
+
+-- pg_dump keeps undelivered rows, and the id sequence with them
+SELECT c.relname, c.relkind
+  FROM pg_extension e, unnest(e.extconfig) AS cfg(reloid)
+  JOIN pg_class c ON c.oid = cfg.reloid
+ WHERE e.extname = 'idempotency' AND c.relname LIKE 'outbox%'
+ ORDER BY 1;
