@@ -46,9 +46,10 @@ curl -s -X POST "$API" -H 'Authorization: Bearer tok_acme' -d '{"amount": "1.00"
 echo; echo
 echo "== 5. two copies of one request at once: one charges, the other gets 409 + Retry-After"
 charge order-1002 '{"amount": "10.00", "currency": "USD", "customer": "cus_8"}' >"$LOGS/a" &
+first=$!
 sleep 0.3
 charge order-1002 '{"amount": "10.00", "currency": "USD", "customer": "cus_8"}' >"$LOGS/b"
-wait %%
+wait $first
 cat "$LOGS/a" "$LOGS/b"
 echo "== charges so far (one per key):"
 psql -X -c "SELECT id, tenant_id, idem_key, amount, currency, status FROM payments.charges ORDER BY id"

@@ -157,7 +157,7 @@ def create_charge(tenant, key, body, amount, currency, customer):
                 "created": created_at.isoformat(),
             }
             cur.execute(
-                "SELECT outbox_enqueue(%s, 'charge.capture', %s::jsonb, key => %s, scope => %s)",
+                "SELECT outbox_enqueue(%s, 'charge.capture', %s::jsonb, %s, %s)",
                 (tenant, Jsonb({"charge_id": charge_id, "amount": str(amount),
                                 "currency": currency, "customer": customer}),
                  key, SCOPE))

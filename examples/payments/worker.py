@@ -67,7 +67,7 @@ def work_once(conn):
     with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
         cur.execute(
             "SELECT * FROM outbox_claim(%s, %s, make_interval(secs => %s),"
-            " topics => ARRAY['charge.capture'])",
+            " ARRAY['charge.capture'])",
             (NAME, BATCH, LEASE))
         rows = cur.fetchall()
     conn.commit()
