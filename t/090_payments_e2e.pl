@@ -79,12 +79,13 @@ sub post_charge
 	my %h = ('Content-Type' => 'application/json');
 	$h{Authorization} = "Bearer $token" if defined $token;
 	$h{'Idempotency-Key'} = $key if defined $key;
+	# a string is sent as it is, to control the exact JSON text
 	return $http->post("$service_url/v1/charges",
-		{ headers => \%h, content => $json->encode($body) });
+		{ headers => \%h, content => ref $body ? $json->encode($body) : $body });
 }
 
 # ---- single requests: the HTTP contract
-my $body = { amount => '12.50', currency => 'EUR', customer => 'cus_1' };
+my $body = '{"amount": 12.50, "currency": "EUR", "customer": "cus_1"}';
 my $r = post_charge('tok_acme', undef, $body);
 is($r->{status}, 400, 'missing Idempotency-Key is 400');
 like($r->{headers}{'content-type'}, qr{application/problem\+json},
@@ -94,19 +95,22 @@ is($r->{status}, 401, 'no bearer token is 401');
 my $first = post_charge('tok_acme', 'single-1', $body);
 is($first->{status}, 201, 'first request creates the charge');
 my $again = post_charge('tok_acme', 'single-1',
-	{ customer => 'cus_1', currency => 'EUR', amount => '12.5' });
+	'{ "customer":"cus_1","currency":"EUR","amount":1.25e1 }');
 is($again->{status}, 201, 'retry with an equivalent body replays 201');
 is($again->{content}, $first->{content}, 'replayed body is identical');
 is($again->{headers}{'idempotent-replayed'}, 'true', 'replay is marked');
 is($again->{headers}{location}, $first->{headers}{location},
 	'replay carries the stored headers');
-$r = post_charge('tok_acme', 'single-1', { %$body, amount => '13.00' });
+$r = post_charge('tok_acme', 'single-1',
+	'{"amount": 13.00, "currency": "EUR", "customer": "cus_1"}');
 is($r->{status}, 422, 'same key, different body is 422');
 $r = post_charge('tok_globex', 'single-1', $body);
 is($r->{status}, 201, 'same key in another tenant is a new charge');
 isnt($r->{content}, $first->{content}, 'tenants never share a response');
 $r = post_charge('tok_acme', 'x' x 300, $body);
 is($r->{status}, 400, 'an over-long key is refused');
+$r = post_charge('tok_acme', 'single-2', '{"amount": "12.50", "currency": "EUR", "customer": "cus_1"}');
+is($r->{status}, 422, 'an amount that is not a number is refused');
 
 # ---- concurrent retrying clients, some with a changed body
 sub loadtest

@@ -35,20 +35,20 @@ charge() {  # charge KEY BODY
 }
 
 echo "== 1. a new charge: 201, one row in payments.charges, one outbox row"
-charge order-1001 '{"amount": "42.50", "currency": "EUR", "customer": "cus_7"}'
+charge order-1001 '{"amount": 42.50, "currency": "EUR", "customer": "cus_7"}'
 echo "== 2. the client retries (keys reordered, 42.5 spelt differently): the stored answer is replayed"
-charge order-1001 '{"customer": "cus_7", "currency": "EUR", "amount": "42.50"}'
+charge order-1001 '{"customer": "cus_7", "currency": "EUR", "amount": 42.5}'
 echo "== 3. same key, different amount: 422"
-charge order-1001 '{"amount": "99.00", "currency": "EUR", "customer": "cus_7"}'
+charge order-1001 '{"amount": 99.00, "currency": "EUR", "customer": "cus_7"}'
 echo "== 4. no Idempotency-Key: 400"
 echo "\$ curl -X POST $API -H 'Authorization: Bearer tok_acme' -d '...'"
-curl -s -X POST "$API" -H 'Authorization: Bearer tok_acme' -d '{"amount": "1.00", "currency": "EUR", "customer": "cus_7"}'
+curl -s -X POST "$API" -H 'Authorization: Bearer tok_acme' -d '{"amount": 1.00, "currency": "EUR", "customer": "cus_7"}'
 echo; echo
 echo "== 5. two copies of one request at once: one charges, the other gets 409 + Retry-After"
-charge order-1002 '{"amount": "10.00", "currency": "USD", "customer": "cus_8"}' >"$LOGS/a" &
+charge order-1002 '{"amount": 10.00, "currency": "USD", "customer": "cus_8"}' >"$LOGS/a" &
 first=$!
 sleep 0.3
-charge order-1002 '{"amount": "10.00", "currency": "USD", "customer": "cus_8"}' >"$LOGS/b"
+charge order-1002 '{"amount": 10.00, "currency": "USD", "customer": "cus_8"}' >"$LOGS/b"
 wait $first
 cat "$LOGS/a" "$LOGS/b"
 echo "== charges so far (one per key):"

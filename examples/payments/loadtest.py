@@ -103,7 +103,7 @@ def main():
                 entry["replayed"] += int(replayed)
             got_final = True
             if got_final and r.random() < args.mismatch_rate:
-                changed = dict(body, amount=str(float(body["amount"]) + 1))
+                changed = dict(body, amount=body["amount"] + 1)
                 ans = final_answer(tenant, key, changed, r.random())
                 if ans is not None:
                     with lock:
@@ -114,7 +114,7 @@ def main():
         tenant = "acme" if k % 2 == 0 else "globex"
         # the same key string is used by both tenants every other key
         key = ("%s-%d" % (args.prefix, k // 2)) if k % 4 < 2 else ("%s-x%d" % (args.prefix, k))
-        body = {"amount": "%d.%02d" % (rng.randint(1, 500), rng.randint(0, 99)),
+        body = {"amount": rng.randint(100, 50000) / 100,
                 "currency": rng.choice(["EUR", "USD"]),
                 "customer": "cus_%d" % rng.randint(1, 50)}
         results["%s/%s" % (tenant, key)] = {"final": set(), "changed": [],

@@ -4,7 +4,7 @@
 POST /v1/charges
     Authorization: Bearer <tenant token>      (the tenant never comes from the body)
     Idempotency-Key: <1-255 printable ASCII>
-    {"amount": "12.50", "currency": "EUR", "customer": "cus_123"}
+    {"amount": 12.50, "currency": "EUR", "customer": "cus_123"}
 
 One database transaction per request:
 
@@ -65,6 +65,12 @@ class ConnectionPool:
                 return self.idle.pop()
         return psycopg.connect(self.dsn, connect_timeout=3)
 
+    def clear(self):
+        with self.lock:
+            idle, self.idle = self.idle, []
+        for conn in idle:
+            conn.close()
+
     def put(self, conn):
         ok = (not conn.closed
               and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
@@ -90,29 +96,48 @@ class Problem(Exception):
 
 
 def parse_charge(raw):
+    """Validate the body; return (text to fingerprint, amount, currency, customer)."""
     try:
-        body = json.loads(raw or b"")
+        text = raw.decode("utf-8")
+        # decimals stay exact: 12.50 is not turned into a binary float
+        body = json.loads(text or "null", parse_float=Decimal)
     except ValueError:
         raise Problem(400, "Invalid JSON", "The request body is not valid JSON.")
     if not isinstance(body, dict):
         raise Problem(400, "Invalid request", "The request body must be a JSON object.")
-    try:
-        amount = Decimal(str(body.get("amount")))
-    except (InvalidOperation, ValueError):
-        raise Problem(422, "Invalid amount", "amount must be a decimal number.")
-    if not amount.is_finite() or amount <= 0:
-        raise Problem(422, "Invalid amount", "amount must be positive.")
+    amount = body.get("amount")
+    if isinstance(amount, bool) or not isinstance(amount, (int, Decimal)):
+        raise Problem(422, "Invalid amount", "amount must be a JSON number.")
+    amount = Decimal(amount)
+    if not amount.is_finite() or amount <= 0 or amount != round(amount, 2):
+        raise Problem(422, "Invalid amount", "amount must be positive, with at most 2 decimals.")
     currency = body.get("currency")
     customer = body.get("customer")
     if not isinstance(currency, str) or len(currency) != 3:
         raise Problem(422, "Invalid currency", "currency must be a 3-letter code.")
     if not isinstance(customer, str) or not customer:
         raise Problem(422, "Invalid customer", "customer is required.")
-    return body, amount, currency, customer
+    # The request is fingerprinted as the client sent it (the extension
+    # canonicalises it: key order, whitespace and 12.5 / 12.50 do not matter).
+    return text, amount, currency, customer
 
 
-def create_charge(tenant, key, body, amount, currency, customer):
-    """Run the one-transaction flow; return (status, body, headers, replayed)."""
+def create_charge(tenant, key, request_text, amount, currency, customer):
+    """Run the one-transaction flow; return (status, body, headers, replayed).
+
+    Safe to run again after any failure, even one during COMMIT whose
+    outcome is unknown: the idempotency key makes the second run a replay.
+    """
+    try:
+        return charge_transaction(tenant, key, request_text, amount, currency, customer)
+    except psycopg.OperationalError:
+        # most often a pooled connection the database restart broke: one
+        # more go with a fresh connection (and the same key)
+        POOL.clear()
+        return charge_transaction(tenant, key, request_text, amount, currency, customer)
+
+
+def charge_transaction(tenant, key, request_text, amount, currency, customer):
     conn = POOL.get()
     try:
         with conn.transaction():
@@ -122,7 +147,7 @@ def create_charge(tenant, key, body, amount, currency, customer):
                 "SELECT outcome::text, http_status, response_code, response_body,"
                 "       response_headers, retry_after"
                 "  FROM idem_reserve(%s, %s, %s, %s::jsonb)",
-                (tenant, SCOPE, key, Jsonb(body)))
+                (tenant, SCOPE, key, request_text))
             outcome, http_status, code, rbody, rheaders, retry_after = cur.fetchone()
             if outcome == "replay":
                 return code, rbody, rheaders or {}, True
@@ -168,6 +193,23 @@ def create_charge(tenant, key, body, amount, currency, customer):
         return 201, charge, headers, False
     finally:
         POOL.put(conn)
+
+
+def problem_from_database(e):
+    """Map an error the extension raised to the HTTP answer (see README)."""
+    state = e.sqlstate or ""
+    message = e.diag.message_primary or str(e)
+    if state.startswith("22"):
+        # key empty, too long or not printable ASCII, ...
+        return Problem(400, "Invalid request", message)
+    if state == "54000":
+        return Problem(413, "Request too large", message)
+    if state == "40001":
+        return Problem(409, "Conflict", "Retry the request.", {"Retry-After": "1"})
+    sys.stderr.write("payments: database error %s: %s\n" % (state, e))
+    return Problem(503, "Service unavailable",
+                   "The request could not be completed; retry with the same "
+                   "Idempotency-Key.", {"Retry-After": "1"})
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -219,27 +261,19 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 status, rbody, rheaders, replayed = create_charge(
                     tenant, key, body, amount, currency, customer)
-            except psycopg.errors.DataException as e:
-                # bad key (too long, not printable ASCII), oversized body, ...
-                raise Problem(400, "Invalid request", e.diag.message_primary or str(e))
-            except psycopg.errors.SerializationFailure:
-                raise Problem(409, "Conflict", "Retry the request.", {"Retry-After": "1"})
             except psycopg.OperationalError:
                 # the database is unreachable: fail closed, charge nothing
                 raise Problem(503, "Service unavailable",
                               "The payments database is unreachable; retry with the same "
                               "Idempotency-Key.", {"Retry-After": "1"})
+            except psycopg.Error as e:
+                raise problem_from_database(e)
             headers = dict(rheaders)
             if replayed:
                 headers["Idempotent-Replayed"] = "true"
             self.send_json(status, rbody, headers)
         except Problem as p:
             self.send_problem(p)
-        except psycopg.Error as e:
-            sys.stderr.write("payments: database error: %s\n" % e)
-            self.send_problem(Problem(503, "Service unavailable",
-                                      "The request could not be completed; retry with the "
-                                      "same Idempotency-Key.", {"Retry-After": "1"}))
 
 
 def main():
