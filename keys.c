@@ -42,7 +42,7 @@
  */
 #include "postgres.h"
 
-#include <math.h>
+#include <limits.h>
 
 #include "access/detoast.h"
 #include "access/htup_details.h"
@@ -59,6 +59,7 @@
 #include "pgstat.h"
 #include "storage/latch.h"
 #include "storage/lock.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/hsearch.h"
@@ -539,34 +540,82 @@ keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
 }
 
 /*
+ * Wait up to "timeout_ms" for the key's lock as an ordinary lock waiter
+ * (visible in pg_locks, part of deadlock detection), by running the
+ * acquisition in a subtransaction with lock_timeout set.  Returns false if
+ * the timeout expired; any other error (cancel, deadlock) is rethrown.
+ */
+static bool
+reserve_wait_lock(LOCKTAG *tag, int timeout_ms)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	int			save_lock_timeout = LockTimeout;
+	volatile bool got = false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		ResourceOwner subowner;
+
+		LockTimeout = timeout_ms;
+		(void) LockAcquire(tag, ExclusiveLock, false, false);
+		LockTimeout = save_lock_timeout;
+
+		/*
+		 * Hand the lock to the caller's resource owner, as if taken there,
+		 * so that the caller can give it back early with LockRelease.
+		 */
+		subowner = CurrentResourceOwner;
+		CurrentResourceOwner = oldowner;
+		(void) LockAcquire(tag, ExclusiveLock, false, true);
+		CurrentResourceOwner = subowner;
+		LockRelease(tag, ExclusiveLock, false);
+		ReleaseCurrentSubTransaction();
+		got = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		LockTimeout = save_lock_timeout;
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(edata);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(oldcxt);
+	CurrentResourceOwner = oldowner;
+	return got;
+}
+
+/*
  * Take the key's lock without queueing.  When it is busy and "deadline" is
- * set, poll for it (backing off from 1 to 50 ms) until the deadline.
- * Returns false if the lock could not be had in time.
+ * set, wait for it until the deadline.  Returns false if the lock could not
+ * be had in time.
  */
 static bool
 reserve_claim_lock(LOCKTAG *tag, TimestampTz deadline)
 {
-	long		sleep_ms = 1;
+	TimestampTz now;
+	int64		remaining_ms;
 
-	for (;;)
-	{
-		TimestampTz now;
-		long		remaining_ms;
-
-		if (LockAcquire(tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
-			return true;
-		if (deadline == 0)
-			return false;
-		now = GetCurrentTimestamp();
-		if (now >= deadline)
-			return false;
-		remaining_ms = (long) ((deadline - now + 999) / 1000);
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 Min(sleep_ms, remaining_ms), PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-		CHECK_FOR_INTERRUPTS();
-		sleep_ms = Min(sleep_ms * 2, 50);
-	}
+	if (LockAcquire(tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
+		return true;
+	if (deadline == 0)
+		return false;
+	now = GetCurrentTimestamp();
+	if (now >= deadline)
+		return false;
+	remaining_ms = (deadline - now + 999) / 1000;
+	return reserve_wait_lock(tag, (int) Min(remaining_ms, INT_MAX));
 }
 
 /* Sleep a little while waiting for a committed reservation to finish. */
@@ -1212,11 +1261,13 @@ idem_reserve_fingerprint(PG_FUNCTION_ARGS)
 
 /*
  * Explain why a fenced write on the key matched no row: no reservation
- * (P0002), already completed (55000), or another attempt's lock token
- * (55006).  Always raises.
+ * (P0002), another attempt's lock token (55006; checked before the status,
+ * since a superseded attempt must learn that it was superseded even when
+ * the new holder has already finished), or already completed (55000).
+ * Always raises.
  */
 static void
-keys_explain_no_match(KeyIdent *id, const char *action)
+keys_explain_no_match(KeyIdent *id, pg_uuid_t *token, const char *action)
 {
 	KeyRow		row;
 	int			i;
@@ -1229,6 +1280,14 @@ keys_explain_no_match(KeyIdent *id, const char *action)
 				 errdetail("No key \"%s\" exists in scope \"%s\" for this tenant.",
 						   id->key, id->scope),
 				 errhint("Call idem_reserve() first and do the work only when it answers \"created\"; the reservation may also have been released or have expired.")));
+	if (token != NULL &&
+		(!row.has_token || memcmp(row.token.data, token->data, UUID_LEN) != 0))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_IN_USE),
+				 errmsg("lock_token does not match the reservation of idempotency key \"%s\"",
+						id->key),
+				 errdetail("The reservation was taken over by a later attempt after its lock timed out."),
+				 errhint("Abandon this attempt without storing its result; the attempt holding the new lock_token finishes the key.")));
 	if (row.status != status_oids[STATUS_PROCESSING])
 	{
 		const char *label = "completed";
@@ -1243,12 +1302,7 @@ keys_explain_no_match(KeyIdent *id, const char *action)
 						   label),
 				 errhint("A key is completed once; a retry gets the stored response from idem_reserve().")));
 	}
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_IN_USE),
-			 errmsg("lock_token does not match the reservation of idempotency key \"%s\"",
-					id->key),
-			 errdetail("The reservation was taken over by a later attempt after its lock timed out."),
-			 errhint("Abandon this attempt without storing its result; the attempt holding the new lock_token finishes the key.")));
+	elog(ERROR, "idempotency key \"%s\" matched no reservation to %s", id->key, action);
 }
 
 /* Lock a key for a write, waiting for a concurrent holder like any lock. */
@@ -1269,7 +1323,8 @@ keys_lock_wait(KeyIdent *id)
  */
 static Oid
 keys_finish(KeyIdent *id, int32 code, Datum body, bool body_null,
-			Datum headers, bool headers_null, pg_uuid_t *token)
+			Datum headers, bool headers_null, pg_uuid_t *token,
+			const char *action)
 {
 	Datum		values[9];
 	char		nulls[9];
@@ -1295,7 +1350,7 @@ keys_finish(KeyIdent *id, int32 code, Datum body, bool body_null,
 			nulls[3] = token == NULL ? 'n' : ' ';
 			keys_exec(plan_delete, values, nulls, false);
 			if (SPI_processed == 0)
-				keys_explain_no_match(id, "complete");
+				keys_explain_no_match(id, token, action);
 			idem_stats_count(id->tenant, id->scope, IDEM_STAT_RELEASED, 1);
 			return InvalidOid;
 		}
@@ -1327,7 +1382,7 @@ keys_finish(KeyIdent *id, int32 code, Datum body, bool body_null,
 		nulls[8] = token == NULL ? 'n' : ' ';
 		keys_exec(plan_complete, values, nulls, false);
 		if (SPI_processed == 0)
-			keys_explain_no_match(id, "complete");
+			keys_explain_no_match(id, token, action);
 		idem_stats_count(id->tenant, id->scope, IDEM_STAT_COMPLETED, 1);
 		return status_oids[succeeded ? STATUS_SUCCEEDED : STATUS_FAILED];
 	}
@@ -1356,7 +1411,8 @@ idem_complete(PG_FUNCTION_ARGS)
 	keys_lock_wait(&id);
 	status = keys_finish(&id, PG_GETARG_INT32(3),
 						 PG_GETARG_DATUM(4), PG_ARGISNULL(4),
-						 PG_GETARG_DATUM(5), PG_ARGISNULL(5), token);
+						 PG_GETARG_DATUM(5), PG_ARGISNULL(5), token,
+						 "complete");
 	SPI_finish();
 	if (!OidIsValid(status))
 		PG_RETURN_NULL();
@@ -1384,7 +1440,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 	keys_lock_wait(&id);
 	status = keys_finish(&id, PG_GETARG_INT32(3),
 						 PG_GETARG_DATUM(4), PG_ARGISNULL(4),
-						 (Datum) 0, true, NULL);
+						 (Datum) 0, true, NULL, "resolve");
 	SPI_finish();
 	if (!OidIsValid(status))
 		PG_RETURN_NULL();
@@ -1425,7 +1481,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	nulls[5] = PG_ARGISNULL(4) ? 'n' : ' ';
 	keys_exec(plan_checkpoint, values, nulls, false);
 	if (SPI_processed == 0)
-		keys_explain_no_match(&id, "checkpoint");
+		keys_explain_no_match(&id, PG_ARGISNULL(4) ? NULL : PG_GETARG_UUID_P(4), "checkpoint");
 	SPI_finish();
 	PG_RETURN_VOID();
 }
@@ -1459,7 +1515,7 @@ idem_release(PG_FUNCTION_ARGS)
 	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
 	keys_exec(plan_delete, values, nulls, false);
 	if (SPI_processed == 0)
-		keys_explain_no_match(&id, "release");
+		keys_explain_no_match(&id, PG_ARGISNULL(3) ? NULL : PG_GETARG_UUID_P(3), "release");
 	idem_stats_count(id.tenant, id.scope, IDEM_STAT_RELEASED, 1);
 	SPI_finish();
 	PG_RETURN_VOID();
