@@ -25,7 +25,9 @@
  * detection and lock_timeout apply).  A hash collision between two keys
  * can only make one of them answer "in_progress" spuriously.
  *
- * Every statement is a saved SPI plan with parameters.  Under READ
+ * Every write is a saved SPI plan with parameters.  The one read every
+ * call makes, the key's row by primary key, probes the index directly (see
+ * keys_fetch): on a replay it is the whole cost of the call.  Under READ
  * COMMITTED each statement sees what has committed when it starts; under
  * REPEATABLE READ and SERIALIZABLE a key committed after the transaction's
  * snapshot cannot be replayed from it and the call raises a serialization
@@ -45,6 +47,10 @@
 #include <limits.h>
 
 #include "access/detoast.h"
+#include "access/genam.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
@@ -62,6 +68,7 @@
 #include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
+#include "utils/fmgroids.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/jsonb.h"
@@ -200,11 +207,35 @@ static Oid	scopes_relid = InvalidOid;
 static Oid	outcome_oids[OUTCOME_COUNT];
 static Oid	status_oids[STATUS_COUNT];
 static TupleDesc reservation_desc = NULL;
+static Oid	keys_relid = InvalidOid;
+static Oid	keys_pkey_relid = InvalidOid;
+
+/* Columns of idempotency.keys the hot read needs, by name. */
+typedef enum KeysAtt
+{
+	KEYS_ATT_FINGERPRINT,
+	KEYS_ATT_STATUS,
+	KEYS_ATT_LOCK_TOKEN,
+	KEYS_ATT_LOCKED_AT,
+	KEYS_ATT_RECOVERY_POINT,
+	KEYS_ATT_RESPONSE_CODE,
+	KEYS_ATT_RESPONSE_BODY,
+	KEYS_ATT_RESPONSE_HEADERS,
+	KEYS_ATT_NEEDS_RECONCILIATION,
+	KEYS_ATT_EXPIRES_AT,
+	KEYS_ATT_COUNT
+} KeysAtt;
+
+static const char *const keys_att_names[KEYS_ATT_COUNT] = {
+	"fingerprint", "status", "lock_token", "locked_at", "recovery_point",
+	"response_code", "response_body", "response_headers",
+	"needs_reconciliation", "expires_at"
+};
+static AttrNumber keys_attnum[KEYS_ATT_COUNT];
 static HTAB *scope_cache = NULL;
 
 /* Saved plans, prepared on first use. */
 static SPIPlanPtr plan_insert = NULL;
-static SPIPlanPtr plan_select = NULL;
 static SPIPlanPtr plan_renew = NULL;
 static SPIPlanPtr plan_takeover = NULL;
 static SPIPlanPtr plan_flag = NULL;
@@ -299,8 +330,18 @@ keys_ensure_cache(void)
 
 		nsp = get_namespace_oid("idempotency", false);
 		scopes_relid = get_relname_relid("scopes", nsp);
-		if (!OidIsValid(scopes_relid))
-			elog(ERROR, "table idempotency.scopes not found");
+		keys_relid = get_relname_relid("keys", nsp);
+		keys_pkey_relid = get_relname_relid("keys_pkey", nsp);
+		if (!OidIsValid(scopes_relid) || !OidIsValid(keys_relid) ||
+			!OidIsValid(keys_pkey_relid))
+			elog(ERROR, "tables of the idempotency extension not found");
+		for (i = 0; i < KEYS_ATT_COUNT; i++)
+		{
+			keys_attnum[i] = get_attnum(keys_relid, keys_att_names[i]);
+			if (keys_attnum[i] == InvalidAttrNumber)
+				elog(ERROR, "column idempotency.keys.%s not found",
+					 keys_att_names[i]);
+		}
 
 		typid = keys_type_oid(nsp, "outcome");
 		for (i = 0; i < OUTCOME_COUNT; i++)
@@ -763,65 +804,83 @@ keys_new_token(pg_uuid_t *token)
 }
 
 /*
- * Fetch the key's row into *row (pointing into SPI memory).  With
- * "latest", read it with a fresh snapshot instead of the statement's: used
- * under REPEATABLE READ to tell "no such key" from "committed after my
- * snapshot".
+ * Fetch the key's row into *row (palloc'd in the current context).
+ *
+ * This is the hot read of every call, so it probes keys_pkey directly, as
+ * catalog lookups do, instead of running a saved SELECT: executor start-up
+ * would cost more than the probe.  The snapshot is the one a statement
+ * would get (a fresh one under READ COMMITTED, the transaction's under
+ * REPEATABLE READ), after a command-counter increment so that the calling
+ * transaction's own earlier writes are seen; with "latest", the latest
+ * snapshot, used under REPEATABLE READ to tell "no such key" from
+ * "committed after my snapshot".  Predicate locks for SERIALIZABLE are
+ * taken by the access methods as for any index scan.  AccessShareLock on
+ * the table and index is kept to the end of the transaction.
  */
 static bool
 keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 {
-	Oid			argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
-	HeapTuple	tup;
-	TupleDesc	desc;
-	Datum		d;
-	bool		isnull;
+	Relation	heap;
+	Relation	index;
+	ScanKeyData skey[3];
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	Snapshot	snapshot;
+	bool		found;
+	int			i;
 
-	keys_plan(&plan_select,
-			  "SELECT fingerprint, status, lock_token, locked_at, recovery_point,"
-			  " response_code, response_body, response_headers,"
-			  " needs_reconciliation, expires_at"
-			  " FROM idempotency.keys" KEY_WHERE,
-			  3, argtypes);
-	if (latest)
+	CommandCounterIncrement();
+	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() : GetTransactionSnapshot());
+	heap = table_open(keys_relid, AccessShareLock);
+	index = index_open(keys_pkey_relid, AccessShareLock);
+	for (i = 0; i < 3; i++)
+		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber,
+							   InvalidOid, index->rd_indcollation[i],
+							   F_TEXTEQ, id->values[i]);
+	slot = table_slot_create(heap, NULL);
+	scan = index_beginscan(heap, index, snapshot, 3, 0);
+	index_rescan(scan, skey, 3, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (found)
 	{
-		int			rc = SPI_execute_snapshot(plan_select, id->values, NULL,
-											  GetLatestSnapshot(),
-											  InvalidSnapshot, true, false, 1);
+		/* copy out of the buffer: the values outlive the scan */
+		HeapTuple	tuple = ExecCopySlotHeapTuple(slot);
+		TupleDesc	desc = RelationGetDescr(heap);
+		Datum	   *values = palloc(desc->natts * sizeof(Datum));
+		bool	   *nulls = palloc(desc->natts * sizeof(bool));
 
-		if (rc < 0)
-			elog(ERROR, "SPI_execute_snapshot failed: %s",
-				 SPI_result_code_string(rc));
+#define KEYS_VALUE(a)	values[keys_attnum[a] - 1]
+#define KEYS_NULL(a)	nulls[keys_attnum[a] - 1]
+		heap_deform_tuple(tuple, desc, values, nulls);
+		row->fingerprint = DatumGetByteaPP(KEYS_VALUE(KEYS_ATT_FINGERPRINT));
+		row->status = DatumGetObjectId(KEYS_VALUE(KEYS_ATT_STATUS));
+		row->has_token = !KEYS_NULL(KEYS_ATT_LOCK_TOKEN);
+		if (row->has_token)
+			row->token = *DatumGetUUIDP(KEYS_VALUE(KEYS_ATT_LOCK_TOKEN));
+		row->has_locked_at = !KEYS_NULL(KEYS_ATT_LOCKED_AT);
+		row->locked_at = row->has_locked_at ?
+			DatumGetTimestampTz(KEYS_VALUE(KEYS_ATT_LOCKED_AT)) : 0;
+		row->has_recovery_point = !KEYS_NULL(KEYS_ATT_RECOVERY_POINT);
+		row->recovery_point = KEYS_VALUE(KEYS_ATT_RECOVERY_POINT);
+		row->has_response_code = !KEYS_NULL(KEYS_ATT_RESPONSE_CODE);
+		row->response_code = row->has_response_code ?
+			DatumGetInt32(KEYS_VALUE(KEYS_ATT_RESPONSE_CODE)) : 0;
+		row->has_body = !KEYS_NULL(KEYS_ATT_RESPONSE_BODY);
+		row->body = KEYS_VALUE(KEYS_ATT_RESPONSE_BODY);
+		row->has_headers = !KEYS_NULL(KEYS_ATT_RESPONSE_HEADERS);
+		row->headers = KEYS_VALUE(KEYS_ATT_RESPONSE_HEADERS);
+		row->needs_reconciliation = !KEYS_NULL(KEYS_ATT_NEEDS_RECONCILIATION) &&
+			DatumGetBool(KEYS_VALUE(KEYS_ATT_NEEDS_RECONCILIATION));
+		row->expires_at = DatumGetTimestampTz(KEYS_VALUE(KEYS_ATT_EXPIRES_AT));
+#undef KEYS_VALUE
+#undef KEYS_NULL
 	}
-	else
-		keys_exec(plan_select, id->values, NULL, false);
-	if (SPI_processed == 0)
-		return false;
-
-	tup = SPI_tuptable->vals[0];
-	desc = SPI_tuptable->tupdesc;
-	row->fingerprint = DatumGetByteaPP(SPI_getbinval(tup, desc, 1, &isnull));
-	row->status = DatumGetObjectId(SPI_getbinval(tup, desc, 2, &isnull));
-	d = SPI_getbinval(tup, desc, 3, &isnull);
-	row->has_token = !isnull;
-	if (!isnull)
-		row->token = *DatumGetUUIDP(d);
-	d = SPI_getbinval(tup, desc, 4, &isnull);
-	row->has_locked_at = !isnull;
-	row->locked_at = isnull ? 0 : DatumGetTimestampTz(d);
-	row->recovery_point = SPI_getbinval(tup, desc, 5, &isnull);
-	row->has_recovery_point = !isnull;
-	d = SPI_getbinval(tup, desc, 6, &isnull);
-	row->has_response_code = !isnull;
-	row->response_code = isnull ? 0 : DatumGetInt32(d);
-	row->body = SPI_getbinval(tup, desc, 7, &isnull);
-	row->has_body = !isnull;
-	row->headers = SPI_getbinval(tup, desc, 8, &isnull);
-	row->has_headers = !isnull;
-	d = SPI_getbinval(tup, desc, 9, &isnull);
-	row->needs_reconciliation = !isnull && DatumGetBool(d);
-	row->expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 10, &isnull));
-	return true;
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, NoLock);
+	table_close(heap, NoLock);
+	UnregisterSnapshot(snapshot);
+	return found;
 }
 
 /* The SQL of a new reservation and of the reuse of an expired key. */
@@ -908,6 +967,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 	if (row->status != status_oids[STATUS_PROCESSING] && row->expires_at <= now)
 	{
 		/* expired: the same key is a new request */
+		keys_new_token(DatumGetUUIDP(newvalues[4]));
 		reserve_renew(newvalues);
 		ans->outcome = OUTCOME_CREATED;
 		ans->has_token = true;
@@ -967,6 +1027,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 	{
 		pg_uuid_t  *token = DatumGetUUIDP(newvalues[4]);
 
+		keys_new_token(token);
 		reserve_takeover(id, token, now);
 		ans->outcome = OUTCOME_CREATED;
 		ans->has_token = true;
@@ -1008,8 +1069,8 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 	fp = (bytea *) palloc(VARHDRSZ + IDEM_FINGERPRINT_LEN);
 	SET_VARSIZE(fp, VARHDRSZ + IDEM_FINGERPRINT_LEN);
 	memcpy(VARDATA(fp), fingerprint, IDEM_FINGERPRINT_LEN);
-	token = (pg_uuid_t *) palloc(sizeof(pg_uuid_t));
-	keys_new_token(token);
+	/* the token is drawn only when a row is written (not for a replay) */
+	token = (pg_uuid_t *) palloc0(sizeof(pg_uuid_t));
 	expires_at = keys_add_interval(now, ttl);
 
 	memcpy(newvalues, id->values, sizeof(id->values));
@@ -1036,6 +1097,7 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 		}
 		if (!found)
 		{
+			keys_new_token(token);
 			if (reserve_insert(newvalues))
 			{
 				ans->outcome = OUTCOME_CREATED;
