@@ -1,4 +1,4 @@
-\set k random(1, 2000000000)
+\set k random(1, 4000000000000000000)
 BEGIN;
 SELECT outcome FROM naive_reserve('bench', 'orders', 'n-' || :client_id || '-' || :k, '{"customer": "cus_42", "amount": 19.99, "currency": "EUR", "items": [{"sku": "A-1", "qty": 2}, {"sku": "B-7", "qty": 1}]}'::jsonb);
 INSERT INTO orders (customer, amount) VALUES ('cus_42', 19.99);
