@@ -60,8 +60,9 @@ extern void idem_check_tenant(const char *tenant);
 /*
  * Compute the SHA-256 of the canonical form of "request" with the members
  * named by the JSON Pointers in "ignore" (a text[] or NULL) removed.
- * Errors: 22003 for a number outside the double range, 22P02 (or similar)
- * for a malformed pointer.
+ * Errors: 22003 for a number outside the double range; for the pointers
+ * (checked before the request is read) 22P02 when malformed, 22023 for ""
+ * (the whole request), 22004 for a NULL element.  Frees what it allocates.
  */
 extern void idem_compute_fingerprint(Jsonb *request, ArrayType *ignore,
 									 uint8 *result);
