@@ -1637,26 +1637,3 @@ idem_lookup(PG_FUNCTION_ARGS)
 		SRF_RETURN_NEXT(funcctx, PointerGetDatum(funcctx->user_fctx));
 	SRF_RETURN_DONE(funcctx);
 }
-
-/*
- * TEMPORARY: stand-in for fingerprint.c's idem_compute_fingerprint until
- * that module is merged (SHA-256 of the jsonb text form; the real one is
- * canonical RFC 8785).  Weak, so the real definition wins at link time.
- */
-#include "common/cryptohash.h"
-#include "common/sha2.h"
-extern void idem_compute_fingerprint(Jsonb *request, ArrayType *ignore,
-									 uint8 *result) __attribute__((weak));
-void
-idem_compute_fingerprint(Jsonb *request, ArrayType *ignore, uint8 *result)
-{
-	char	   *s = JsonbToCString(NULL, &request->root, VARSIZE(request));
-	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
-
-	(void) ignore;
-	if (pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, (uint8 *) s, strlen(s)) < 0 ||
-		pg_cryptohash_final(ctx, result, IDEM_FINGERPRINT_LEN) < 0)
-		elog(ERROR, "sha256 failed");
-	pg_cryptohash_free(ctx);
-}

@@ -187,6 +187,8 @@ BEGIN
         END IF;
         SELECT pg_catalog.array_agg(e ORDER BY n) INTO p_ignore
           FROM pg_catalog.jsonb_array_elements_text(v) WITH ORDINALITY AS a(e, n);
+        -- the fingerprint module's own checks of the pointers, before the write
+        PERFORM @extschema@.idem_fingerprint('{}'::jsonb, p_ignore);
     END IF;
 
     INSERT INTO idempotency.scopes AS s

@@ -100,6 +100,7 @@ SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"lock_timeout": t
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"cache_server_errors": "yes"}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"stale_action": "retry"}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"fingerprint_ignore": ["ts"]}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"fingerprint_ignore": ["/a~2"]}')$$);
 SELECT count(*) AS scopes_written FROM idempotency.scopes WHERE scope = 'ke_scope';
 
 -- none of the failed calls wrote anything
