@@ -573,8 +573,11 @@ keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
 	{
 		text	   *t = DatumGetTextPP(id->values[i]);
 
-		h = hash_combine64(h, hash_bytes_extended((const unsigned char *) VARDATA_ANY(t),
-												  VARSIZE_ANY_EXHDR(t), i));
+		uint64		part;
+
+		part = hash_bytes_extended((const unsigned char *) VARDATA_ANY(t),
+								   VARSIZE_ANY_EXHDR(t), i);
+		h = hash_combine64(h, part);
 	}
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
 						 IDEM_LOCKTAG_CLASS);
@@ -706,7 +709,8 @@ keys_scope_policy(const char *scope, ScopePolicy *policy)
 		{
 			*policy = entry->policy;
 			if (policy->ignore != NULL)
-				policy->ignore = DatumGetArrayTypePCopy(PointerGetDatum(entry->policy.ignore));
+				policy->ignore =
+					DatumGetArrayTypePCopy(PointerGetDatum(entry->policy.ignore));
 			return;
 		}
 	}
@@ -763,7 +767,8 @@ keys_scope_policy(const char *scope, ScopePolicy *policy)
 	if (policy->ignore != NULL)
 	{
 		oldcxt = MemoryContextSwitchTo(keys_cache_cxt);
-		entry->policy.ignore = DatumGetArrayTypePCopy(PointerGetDatum(policy->ignore));
+		entry->policy.ignore =
+			DatumGetArrayTypePCopy(PointerGetDatum(policy->ignore));
 		MemoryContextSwitchTo(oldcxt);
 	}
 }
@@ -830,7 +835,8 @@ keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 	int			i;
 
 	CommandCounterIncrement();
-	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() : GetTransactionSnapshot());
+	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
+								GetTransactionSnapshot());
 	heap = table_open(keys_relid, AccessShareLock);
 	index = index_open(keys_pkey_relid, AccessShareLock);
 	for (i = 0; i < 3; i++)
@@ -885,7 +891,8 @@ keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 
 /* The SQL of a new reservation and of the reuse of an expired key. */
 #define RESERVE_ARGTYPES \
-	{TEXTOID, TEXTOID, TEXTOID, BYTEAOID, UUIDOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+	{TEXTOID, TEXTOID, TEXTOID, BYTEAOID, UUIDOID, TIMESTAMPTZOID, \
+	 TIMESTAMPTZOID}
 
 /*
  * Insert a new reservation.  A plain INSERT, without ON CONFLICT: the
@@ -932,7 +939,8 @@ reserve_renew(Datum *values)
 static void
 reserve_takeover(KeyIdent *id, pg_uuid_t *token, TimestampTz now)
 {
-	Oid			argtypes[5] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID};
+	Oid			argtypes[5] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID,
+	TIMESTAMPTZOID};
 	Datum		values[5];
 
 	keys_plan(&plan_takeover,
@@ -1021,7 +1029,8 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 		return false;
 	}
 
-	stale_at = row->has_locked_at ? keys_add_interval(row->locked_at, lock_timeout) : 0;
+	stale_at = row->has_locked_at ?
+		keys_add_interval(row->locked_at, lock_timeout) : 0;
 	if (stale_at > now)
 	{
 		int64		secs = (stale_at - now + USECS_PER_SEC - 1) / USECS_PER_SEC;
@@ -1529,7 +1538,8 @@ Datum
 idem_checkpoint(PG_FUNCTION_ARGS)
 {
 	KeyIdent	id;
-	Oid			argtypes[6] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
+	Oid			argtypes[6] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID,
+	TIMESTAMPTZOID, UUIDOID};
 	Datum		values[6];
 	char		nulls[6] = "      ";
 
@@ -1626,7 +1636,8 @@ idem_lookup(PG_FUNCTION_ARGS)
 			Datum		d = SPI_getbinval(SPI_tuptable->vals[0],
 										  SPI_tuptable->tupdesc, 1, &isnull);
 
-			funcctx->user_fctx = DatumGetPointer(SPI_datumTransfer(d, false, -1));
+			d = SPI_datumTransfer(d, false, -1);
+			funcctx->user_fctx = DatumGetPointer(d);
 		}
 		SPI_finish();
 		MemoryContextSwitchTo(oldcxt);
