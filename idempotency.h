@@ -42,6 +42,9 @@ extern int	idem_outbox_max_attempts;
 extern int	idem_outbox_retention;	/* seconds */
 extern int	idem_stats_max_entries; /* (tenant, scope) pairs in shared memory */
 
+/* outbox.c: idempotency.outbox_notify, NOTIFY idempotency_outbox at commit */
+extern bool idem_outbox_notify;
+
 /* True while _PG_init runs from shared_preload_libraries. */
 extern bool idem_loaded_at_startup;
 
