@@ -15,7 +15,7 @@ DATA_built = idempotency--1.0.sql
 INSTALL_PARTS = $(sort $(wildcard $(srcdir)/install/*.sql))
 
 REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
-REGRESS_OPTS = --load-extension=idempotency
+REGRESS_OPTS = --load-extension=idempotency --encoding=UTF8
 ISOLATION = $(patsubst specs/%.spec,%,$(sort $(wildcard specs/*.spec)))
 ISOLATION_OPTS = --load-extension=idempotency
 TAP_TESTS = 1

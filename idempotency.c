@@ -35,6 +35,7 @@ int			idem_max_payload_size = 1024 * 1024;
 int			idem_outbox_max_attempts = 10;
 int			idem_outbox_retention = 7 * 24 * 60 * 60;
 int			idem_stats_max_entries = 1000;
+bool		idem_outbox_notify = true;
 bool		idem_loaded_at_startup = false;
 
 void		_PG_init(void);
@@ -135,6 +136,16 @@ _PG_init(void)
 							PGC_SUSET,
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
+
+	/* outbox.c */
+	DefineCustomBoolVariable("idempotency.outbox_notify",
+							 gettext_noop("Whether outbox_enqueue and outbox_requeue send NOTIFY idempotency_outbox at commit."),
+							 gettext_noop("Turn it off when workers only poll: PostgreSQL serializes the commits of transactions that notify."),
+							 &idem_outbox_notify,
+							 true,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
 
 	DefineCustomIntVariable("idempotency.stats_max_entries",
 							gettext_noop("Number of (tenant, scope) pairs whose counters are kept in shared memory."),

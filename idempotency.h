@@ -42,6 +42,9 @@ extern int	idem_outbox_max_attempts;
 extern int	idem_outbox_retention;	/* seconds */
 extern int	idem_stats_max_entries; /* (tenant, scope) pairs in shared memory */
 
+/* outbox.c: idempotency.outbox_notify, NOTIFY idempotency_outbox at commit */
+extern bool idem_outbox_notify;
+
 /* True while _PG_init runs from shared_preload_libraries. */
 extern bool idem_loaded_at_startup;
 
@@ -60,8 +63,9 @@ extern void idem_check_tenant(const char *tenant);
 /*
  * Compute the SHA-256 of the canonical form of "request" with the members
  * named by the JSON Pointers in "ignore" (a text[] or NULL) removed.
- * Errors: 22003 for a number outside the double range, 22P02 (or similar)
- * for a malformed pointer.
+ * Errors: 22003 for a number outside the double range; for the pointers
+ * (checked before the request is read) 22P02 when malformed, 22023 for ""
+ * (the whole request), 22004 for a NULL element.  Frees what it allocates.
  */
 extern void idem_compute_fingerprint(Jsonb *request, ArrayType *ignore,
 									 uint8 *result);

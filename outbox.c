@@ -1,6 +1,39 @@
 /*-------------------------------------------------------------------------
  *
  * outbox.c
+ *	  The transactional outbox: intents to call the outside world, written
+ *	  in the same transaction as the business rows and delivered at least
+ *	  once by workers outside the database.
+ *
+ * outbox_enqueue inserts a row in the caller's transaction and queues a
+ * NOTIFY on channel "idempotency_outbox" (payload: the topic), which the
+ * server sends only if that transaction commits.  Workers call
+ * outbox_claim, deliver each row carrying its idem_scope/idem_key to the
+ * provider as the provider's own idempotency key, and finish each row with
+ * outbox_ack or outbox_nack.  outbox_requeue returns a dead letter to the
+ * queue.
+ *
+ * Row states: pending -> leased -> done, or leased -> pending (nack with
+ * retries left), or leased -> dead.  available_at is the earliest time a
+ * row may be claimed: for a pending row, when it is due; for a leased row,
+ * when its lease expires.  A single partial index on available_at over
+ * pending and leased rows therefore serves both new work and the reclaim
+ * of expired leases, oldest first.
+ *
+ * Locking: outbox_claim locks its candidates with FOR UPDATE SKIP LOCKED,
+ * so concurrent claimers never wait on each other and never receive the
+ * same row.  outbox_ack, outbox_nack and outbox_requeue update one row by
+ * primary key and wait for a claimer that holds it, which is brief.
+ * Fencing: every claim writes a fresh lease_token, and ack/nack only touch
+ * a row that is still leased under the caller's token, so a worker whose
+ * lease expired and whose row was claimed again cannot overwrite the new
+ * holder's outcome.
+ *
+ * Every statement is prepared once per backend (SPI_prepare_cursor +
+ * SPI_keepplan) with parameters and a generic plan; the plan cache replans
+ * them by itself when the table changes.  Workers should claim under READ
+ * COMMITTED: under REPEATABLE READ, locking a row that another worker
+ * changed since the snapshot raises a serialization failure.
  *
  * IDENTIFICATION
  *	  outbox.c
@@ -9,4 +42,851 @@
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
+#include "catalog/pg_type.h"
+#include "commands/async.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+
+#if PG_VERSION_NUM >= 150000
+#include "common/pg_prng.h"
+#endif
+
 #include "idempotency.h"
+
+/* Channel outbox_enqueue and outbox_requeue notify on commit. */
+#define OUTBOX_CHANNEL "idempotency_outbox"
+
+/*
+ * Longest topic, in bytes.  The topic is the NOTIFY payload, which must stay
+ * well under the server's 8000-byte limit; topics are short names anyway.
+ */
+#define OUTBOX_MAX_TOPIC_LEN 255
+
+/* Longest worker name, in bytes: it is only a label in leased_by. */
+#define OUTBOX_MAX_WORKER_LEN 255
+
+/*
+ * Backoff of outbox_nack when the worker gives no retry_in:
+ * min(cap, base * 2^(attempts - 1)) * jitter, jitter uniform in [0.5, 1.0),
+ * "attempts" counting the failure being reported.  README.md quotes them.
+ */
+#define OUTBOX_BACKOFF_BASE_SECS 5
+#define OUTBOX_BACKOFF_CAP_SECS 3600
+
+PG_FUNCTION_INFO_V1(outbox_enqueue);
+PG_FUNCTION_INFO_V1(outbox_claim);
+PG_FUNCTION_INFO_V1(outbox_ack);
+PG_FUNCTION_INFO_V1(outbox_nack);
+PG_FUNCTION_INFO_V1(outbox_requeue);
+
+/* ----------------------------------------------------------------
+ * Statements
+ * ----------------------------------------------------------------
+ */
+
+static const char *outbox_enqueue_sql =
+"INSERT INTO idempotency.outbox"
+"  (tenant_id, topic, payload, headers, idem_scope, idem_key,"
+"   max_attempts, available_at)"
+" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8)"
+" RETURNING id";
+
+/*
+ * outbox_claim runs two statements.  The first locks the candidates, oldest
+ * available_at first, FOR UPDATE SKIP LOCKED; there is one such statement
+ * per combination of filters, so each gets a plan of its own (a generic
+ * plan with "$2 IS NULL OR ..." would filter no better than the worst
+ * case).  Its predicate must stay textually equal to the predicate of
+ * outbox_claim_idx for the planner to use that index.
+ *
+ * The second leases the locked rows, found by the ctids the first returned:
+ * a TID scan.  Two statements rather than one UPDATE ... FROM (subquery)
+ * because a generic plan guesses a tenth of the table for "LIMIT $1", and
+ * would then join the subquery to the table by a hash join over a
+ * sequential scan; apart, neither plan depends on that guess.  Under READ
+ * COMMITTED the second statement's snapshot sees the versions the first
+ * one locked, even those committed after the first statement began.
+ *
+ * A row whose lease expired counts the lost attempt: it is handed out again
+ * with attempts + 1, or dead-lettered once that reaches max_attempts, so a
+ * message that crashes every worker cannot loop forever.  Dead-lettered
+ * rows (the only ones left without a lease_token) are left out of the
+ * result, which outbox_claim sorts back into the order the rows were locked
+ * in.
+ */
+static const char *outbox_lock_sql_format =
+"SELECT c.ctid, c.tenant_id, c.id"
+"  FROM idempotency.outbox c"
+" WHERE c.status IN ('pending', 'leased')"
+"   AND c.available_at <= pg_catalog.statement_timestamp()"
+"   %s%s"
+" ORDER BY c.available_at"
+" LIMIT $1"
+"   FOR UPDATE SKIP LOCKED";
+
+static const char *outbox_lease_sql =
+"UPDATE idempotency.outbox o"
+"    SET status = CASE WHEN o.status = 'leased' AND o.attempts + 1 >= o.max_attempts"
+"                      THEN 'dead'::idempotency.outbox_status"
+"                      ELSE 'leased'::idempotency.outbox_status END,"
+"        attempts = o.attempts + CASE WHEN o.status = 'leased' THEN 1 ELSE 0 END,"
+"        last_error = CASE WHEN o.status = 'leased'"
+"                          THEN 'lease of worker \"' || o.leased_by || '\" expired'"
+"                          ELSE o.last_error END,"
+"        lease_token = CASE WHEN o.status = 'leased' AND o.attempts + 1 >= o.max_attempts"
+"                           THEN NULL ELSE pg_catalog.gen_random_uuid() END,"
+"        leased_by = CASE WHEN o.status = 'leased' AND o.attempts + 1 >= o.max_attempts"
+"                         THEN o.leased_by ELSE $1 END,"
+"        lease_until = CASE WHEN o.status = 'leased' AND o.attempts + 1 >= o.max_attempts"
+"                           THEN NULL ELSE pg_catalog.statement_timestamp() + $2 END,"
+"        available_at = pg_catalog.statement_timestamp() + $2"
+"  WHERE o.ctid = ANY ($3)"
+" RETURNING o.*";
+
+static const char *outbox_ack_sql =
+"UPDATE idempotency.outbox"
+"   SET status = 'done', done_at = pg_catalog.statement_timestamp(),"
+"       provider_ref = $4, lease_until = NULL"
+" WHERE tenant_id = $1 AND id = $2 AND status = 'leased' AND lease_token = $3";
+
+static const char *outbox_nack_sql =
+"UPDATE idempotency.outbox"
+"   SET attempts = attempts + 1,"
+"       status = CASE WHEN attempts + 1 >= max_attempts"
+"                THEN 'dead'::idempotency.outbox_status"
+"                ELSE 'pending'::idempotency.outbox_status END,"
+"       available_at = pg_catalog.statement_timestamp()"
+"           + COALESCE($5, pg_catalog.make_interval(secs =>"
+"                 LEAST(" CppAsString2(OUTBOX_BACKOFF_CAP_SECS) "::float8,"
+"                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::float8"
+"                       * pg_catalog.power(2.0::float8,"
+"                                          LEAST(attempts, 30)::float8))"
+"                 * $6)),"
+"       last_error = $4, lease_token = NULL, lease_until = NULL"
+" WHERE tenant_id = $1 AND id = $2 AND status = 'leased' AND lease_token = $3"
+" RETURNING status";
+
+static const char *outbox_requeue_sql =
+"UPDATE idempotency.outbox"
+"   SET status = 'pending', attempts = 0,"
+"       available_at = pg_catalog.statement_timestamp(),"
+"       lease_token = NULL, lease_until = NULL"
+" WHERE tenant_id = $1 AND id = $2 AND status = 'dead'"
+" RETURNING topic";
+
+static const char *outbox_status_sql =
+"SELECT status::text FROM idempotency.outbox WHERE tenant_id = $1 AND id = $2";
+
+/* Saved plans, prepared on first use in this backend. */
+static SPIPlanPtr enqueue_plan = NULL;
+static SPIPlanPtr lock_plans[4] = {NULL, NULL, NULL, NULL};
+static SPIPlanPtr lease_plan = NULL;
+static SPIPlanPtr ack_plan = NULL;
+static SPIPlanPtr nack_plan = NULL;
+static SPIPlanPtr requeue_plan = NULL;
+static SPIPlanPtr status_plan = NULL;
+
+#define CLAIM_FILTER_TOPICS 1
+#define CLAIM_FILTER_TENANT 2
+
+/* A row locked by outbox_claim, and its place in the result. */
+typedef struct ClaimedRow
+{
+	int64		id;
+	char	   *tenant;
+	uint64		position;		/* in lock order: oldest available_at first */
+	HeapTuple	leased;			/* leased version; NULL if dead-lettered */
+} ClaimedRow;
+
+/* Order ClaimedRows by primary key, (id, tenant) for a cheaper compare. */
+static int
+claimed_row_cmp(const void *a, const void *b)
+{
+	const ClaimedRow *ra = (const ClaimedRow *) a;
+	const ClaimedRow *rb = (const ClaimedRow *) b;
+
+	if (ra->id != rb->id)
+		return ra->id < rb->id ? -1 : 1;
+	return strcmp(ra->tenant, rb->tenant);
+}
+
+/*
+ * Return the saved plan in *cache, preparing and keeping it on first use.
+ * Must be called between SPI_connect and SPI_finish.
+ *
+ * Plans are forced generic: the plan cache would otherwise compare the
+ * generic plan of "LIMIT $1", priced for a tenth of the table, with a custom
+ * plan for the actual batch, find it dearer and re-plan on every call.  The
+ * generic plans of these statements are the index and TID scans the
+ * statements are written for.
+ */
+static SPIPlanPtr
+outbox_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr	plan;
+
+	if (*cache != NULL)
+		return *cache;
+
+	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for outbox statement: %s",
+			 SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed for outbox statement");
+	*cache = plan;
+	return plan;
+}
+
+/* ----------------------------------------------------------------
+ * Argument checks: all of them run before anything is written
+ * ----------------------------------------------------------------
+ */
+
+/* Raise 22004 when argument "argno", named "name", is NULL. */
+static void
+outbox_require_arg(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", name),
+				 errhint("Pass a value for %s.", name)));
+}
+
+/*
+ * The tenant argument (argument 0 of every function but outbox_claim): not
+ * NULL, and the one the session is bound to if idempotency.tenant is set.
+ */
+static char *
+outbox_tenant_arg(FunctionCallInfo fcinfo, int argno)
+{
+	char	   *tenant;
+
+	outbox_require_arg(fcinfo, argno, "tenant");
+	tenant = text_to_cstring(PG_GETARG_TEXT_PP(argno));
+	idem_check_tenant(tenant);
+	return tenant;
+}
+
+/* True when "iv" is strictly greater than zero. */
+static bool
+interval_is_positive(Interval *iv)
+{
+	Interval	zero;
+
+	memset(&zero, 0, sizeof(zero));
+	return DatumGetBool(DirectFunctionCall2(interval_gt,
+											IntervalPGetDatum(iv),
+											IntervalPGetDatum(&zero)));
+}
+
+/* True when "iv" is less than zero. */
+static bool
+interval_is_negative(Interval *iv)
+{
+	Interval	zero;
+
+	memset(&zero, 0, sizeof(zero));
+	return DatumGetBool(DirectFunctionCall2(interval_lt,
+											IntervalPGetDatum(iv),
+											IntervalPGetDatum(&zero)));
+}
+
+/*
+ * A correlation key follows the rule of idempotency keys: 1 to 255 bytes of
+ * printable ASCII, so it can travel in an Idempotency-Key header unchanged.
+ */
+static void
+outbox_check_key(const char *key)
+{
+	size_t		len = strlen(key);
+	const unsigned char *p;
+
+	if (len == 0 || len > IDEM_MAX_KEY_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox key must be 1 to %d bytes long", IDEM_MAX_KEY_LEN),
+				 errdetail("The key given is %zu bytes long.", len),
+				 errhint("Pass the idempotency key the provider should see, or NULL for none.")));
+	for (p = (const unsigned char *) key; *p; p++)
+	{
+		if (*p < 0x20 || *p > 0x7e)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("outbox key must be printable ASCII"),
+					 errdetail("Byte %d of the key is 0x%02x.",
+							   (int) (p - (const unsigned char *) key) + 1, *p),
+					 errhint("Encode the key (for example as hex or base64url) before passing it.")));
+	}
+}
+
+/*
+ * Raise the error that explains why an update by (tenant, id) touched no
+ * row.  "action" names the caller for the messages.  Called with SPI
+ * connected; never returns.
+ */
+static void
+outbox_explain_miss(const char *tenant, int64 id, const char *action,
+					bool expected_dead)
+{
+	Oid			argtypes[2] = {TEXTOID, INT8OID};
+	Datum		values[2];
+	SPIPlanPtr	plan;
+	int			rc;
+	char	   *status;
+
+	plan = outbox_plan(&status_plan, outbox_status_sql, 2, argtypes);
+	values[0] = CStringGetTextDatum(tenant);
+	values[1] = Int64GetDatum(id);
+	rc = SPI_execute_plan(plan, values, NULL, true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "outbox status lookup failed: %s",
+			 SPI_result_code_string(rc));
+
+	/* a row of another tenant is reported as missing: tenants never meet */
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_NO_DATA_FOUND),
+				 errmsg("outbox row does not exist"),
+				 errdetail("Tenant \"%s\" has no outbox row " INT64_FORMAT ".",
+						   tenant, id),
+				 errhint("Pass the tenant and id returned by outbox_enqueue or outbox_claim.")));
+
+	status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+
+	if (expected_dead)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox row is not dead"),
+				 errdetail("Row " INT64_FORMAT " is %s; only a dead letter can be requeued.",
+						   id, status),
+				 errhint("Pick the row from idempotency.dead_letters; a pending or leased row is still being delivered.")));
+
+	if (strcmp(status, "done") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox row is already done"),
+				 errdetail("Row " INT64_FORMAT " was acknowledged before; %s changes nothing.",
+						   id, action),
+				 errhint("Do not acknowledge or retry a row twice; treat this delivery as finished.")));
+	if (strcmp(status, "dead") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox row is dead"),
+				 errdetail("Row " INT64_FORMAT " used up its max_attempts; %s changes nothing.",
+						   id, action),
+				 errhint("Requeue it with outbox_requeue once the cause is fixed.")));
+
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_IN_USE),
+			 errmsg("lease token does not match the current lease of the outbox row"),
+			 errdetail("Row " INT64_FORMAT " is %s: its lease expired and it was claimed again, or the lease was already released.",
+					   id, status),
+			 errhint("Abandon this delivery attempt; the current lease holder finishes the row.")));
+}
+
+/* ----------------------------------------------------------------
+ * User-facing functions
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * outbox_enqueue(tenant text, topic text, payload jsonb, key text,
+ *				  scope text, headers jsonb, deliver_after interval,
+ *				  max_attempts int) RETURNS bigint
+ *
+ * Inserts one pending row in the caller's transaction and queues a NOTIFY
+ * on idempotency_outbox with the topic as payload; both vanish if the
+ * transaction rolls back.  Takes no lock beyond the inserted row.  NULL
+ * deliver_after means now; NULL max_attempts means
+ * idempotency.outbox_max_attempts.
+ */
+Datum
+outbox_enqueue(PG_FUNCTION_ARGS)
+{
+	char	   *tenant;
+	text	   *topic;
+	Jsonb	   *payload;
+	Jsonb	   *headers = NULL;
+	char	   *key = NULL;
+	char	   *scope = NULL;
+	Interval   *deliver_after = NULL;
+	int32		max_attempts = idem_outbox_max_attempts;
+	Size		size;
+	char	   *topic_str;
+	Oid			argtypes[8] = {TEXTOID, TEXTOID, JSONBOID, JSONBOID,
+	TEXTOID, TEXTOID, INT4OID, INTERVALOID};
+	Datum		values[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Interval	zero;
+	SPIPlanPtr	plan;
+	int			rc;
+	bool		isnull;
+	int64		id;
+
+	tenant = outbox_tenant_arg(fcinfo, 0);
+	outbox_require_arg(fcinfo, 1, "topic");
+	outbox_require_arg(fcinfo, 2, "payload");
+	topic = PG_GETARG_TEXT_PP(1);
+	payload = PG_GETARG_JSONB_P(2);
+
+	topic_str = text_to_cstring(topic);
+	if (topic_str[0] == '\0' || strlen(topic_str) > OUTBOX_MAX_TOPIC_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox topic must be 1 to %d bytes long",
+						OUTBOX_MAX_TOPIC_LEN),
+				 errhint("Name the kind of side effect, for example 'payment.capture'.")));
+
+	if (!PG_ARGISNULL(3))
+	{
+		key = text_to_cstring(PG_GETARG_TEXT_PP(3));
+		outbox_check_key(key);
+	}
+	if (!PG_ARGISNULL(4))
+	{
+		scope = text_to_cstring(PG_GETARG_TEXT_PP(4));
+		if (scope[0] == '\0')
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("outbox scope must not be empty"),
+					 errhint("Pass the scope of the idempotency key, or NULL for none.")));
+		if (key == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("outbox scope given without a key"),
+					 errhint("Pass the key together with its scope, or neither.")));
+	}
+	if (!PG_ARGISNULL(5))
+		headers = PG_GETARG_JSONB_P(5);
+	if (!PG_ARGISNULL(6))
+	{
+		deliver_after = PG_GETARG_INTERVAL_P(6);
+		if (interval_is_negative(deliver_after))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("deliver_after must not be negative"),
+					 errhint("Pass '0' to deliver at once, or a positive delay.")));
+	}
+	if (!PG_ARGISNULL(7))
+	{
+		max_attempts = PG_GETARG_INT32(7);
+		if (max_attempts <= 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("max_attempts must be positive"),
+					 errdetail("The value given is %d.", max_attempts),
+					 errhint("Pass at least 1, or NULL for idempotency.outbox_max_attempts.")));
+	}
+
+	/* binary (jsonb) sizes: what the row will hold */
+	size = VARSIZE(payload) + (headers ? VARSIZE(headers) : 0);
+	if (size > (Size) idem_max_payload_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("outbox payload is too large"),
+				 errdetail("Payload and headers take %zu bytes; idempotency.max_payload_size is %d bytes.",
+						   size, idem_max_payload_size),
+				 errhint("Store large documents elsewhere and enqueue a reference, or raise idempotency.max_payload_size.")));
+
+	memset(&zero, 0, sizeof(zero));
+	values[0] = CStringGetTextDatum(tenant);
+	values[1] = PointerGetDatum(topic);
+	values[2] = JsonbPGetDatum(payload);
+	values[3] = headers ? JsonbPGetDatum(headers) : (Datum) 0;
+	nulls[3] = headers ? ' ' : 'n';
+	values[4] = scope ? CStringGetTextDatum(scope) : (Datum) 0;
+	nulls[4] = scope ? ' ' : 'n';
+	values[5] = key ? CStringGetTextDatum(key) : (Datum) 0;
+	nulls[5] = key ? ' ' : 'n';
+	values[6] = Int32GetDatum(max_attempts);
+	values[7] = IntervalPGetDatum(deliver_after ? deliver_after : &zero);
+
+	SPI_connect();
+	plan = outbox_plan(&enqueue_plan, outbox_enqueue_sql, 8, argtypes);
+	rc = SPI_execute_plan(plan, values, nulls, false, 1);
+	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
+		elog(ERROR, "outbox insert failed: %s", SPI_result_code_string(rc));
+	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									 SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+
+	/* transactional: delivered to listeners only when the caller commits */
+	if (idem_outbox_notify)
+		Async_Notify(OUTBOX_CHANNEL, topic_str);
+
+	PG_RETURN_INT64(id);
+}
+
+/*
+ * outbox_claim(worker text, batch int, lease interval, topics text[],
+ *				tenant text) RETURNS SETOF idempotency.outbox
+ *
+ * Leases up to "batch" rows that are due (pending, or leased with an
+ * expired lease), oldest available_at first, to "worker" for "lease":
+ * status leased, a fresh lease_token, lease_until = now + lease.  Rows are
+ * locked FOR UPDATE SKIP LOCKED: rows held by a concurrent claimer are
+ * skipped, never waited for.  "topics" and "tenant" (NULL: any) filter the
+ * candidates; when idempotency.tenant is set and "tenant" is NULL, only
+ * that tenant's rows are claimed.  Returns the leased rows.
+ */
+Datum
+outbox_claim(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	char	   *worker;
+	int32		batch;
+	Interval   *lease;
+	char	   *tenant = NULL;
+	int			filters = 0;
+	Oid			lock_argtypes[3] = {INT4OID, TEXTARRAYOID, TEXTOID};
+	Datum		lock_values[3];
+	char		lock_nulls[3] = {' ', 'n', 'n'};
+	Oid			lease_argtypes[3] = {TEXTOID, INTERVALOID, TIDARRAYOID};
+	Datum		lease_values[3];
+	TupleDesc	tupdesc;
+	Tuplestorestate *tupstore;
+	MemoryContext oldcontext;
+	SPIPlanPtr	plan;
+	int			rc;
+	uint64		nlocked;
+	uint64		i;
+	Datum	   *tids;
+	ClaimedRow *rows;
+	HeapTuple  *ordered;
+	SPITupleTable *leased;
+	int			lease_token_attno;
+	Datum	   *rowvalues;
+	bool	   *rownulls;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+		(rsinfo->allowedModes & SFRM_Materialize) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("outbox_claim must be called in a context that accepts a set"),
+				 errhint("Call it in FROM: SELECT * FROM outbox_claim(...).")));
+
+	outbox_require_arg(fcinfo, 0, "worker");
+	outbox_require_arg(fcinfo, 1, "batch");
+	outbox_require_arg(fcinfo, 2, "lease");
+	worker = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (worker[0] == '\0' || strlen(worker) > OUTBOX_MAX_WORKER_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("worker name must be 1 to %d bytes long",
+						OUTBOX_MAX_WORKER_LEN),
+				 errhint("Name the worker so leased rows show who holds them, for example host and process id.")));
+	batch = PG_GETARG_INT32(1);
+	if (batch <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch must be positive"),
+				 errdetail("The value given is %d.", batch),
+				 errhint("Pass the number of rows the worker can deliver within one lease.")));
+	lease = PG_GETARG_INTERVAL_P(2);
+	if (!interval_is_positive(lease))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be positive"),
+				 errhint("Pass how long the worker needs to deliver the batch, for example '30 seconds'.")));
+	if (!PG_ARGISNULL(4))
+	{
+		tenant = text_to_cstring(PG_GETARG_TEXT_PP(4));
+		idem_check_tenant(tenant);
+	}
+	else if (idem_session_tenant != NULL && idem_session_tenant[0] != '\0')
+		tenant = idem_session_tenant;
+
+	lock_values[0] = Int32GetDatum(batch);
+	lock_values[1] = (Datum) 0;
+	lock_values[2] = (Datum) 0;
+	if (!PG_ARGISNULL(3))
+	{
+		filters |= CLAIM_FILTER_TOPICS;
+		lock_values[1] = PG_GETARG_DATUM(3);
+		lock_nulls[1] = ' ';
+	}
+	if (tenant != NULL)
+	{
+		filters |= CLAIM_FILTER_TENANT;
+		lock_values[2] = CStringGetTextDatum(tenant);
+		lock_nulls[2] = ' ';
+	}
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type of outbox_claim must be a row type");
+
+	/* the result set outlives this call: build it in the query's context */
+	oldcontext = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+	tupdesc = CreateTupleDescCopy(tupdesc);
+	tupstore = tuplestore_begin_heap(true, false, work_mem);
+	MemoryContextSwitchTo(oldcontext);
+
+	SPI_connect();
+
+	/* 1. lock the candidates */
+	if (lock_plans[filters] == NULL)
+	{
+		char		sql[1024];
+
+		snprintf(sql, sizeof(sql), outbox_lock_sql_format,
+				 (filters & CLAIM_FILTER_TOPICS) ?
+				 " AND c.topic = ANY ($2)" : " AND $2::text[] IS NULL",
+				 (filters & CLAIM_FILTER_TENANT) ?
+				 " AND c.tenant_id = $3" : " AND $3::text IS NULL");
+		outbox_plan(&lock_plans[filters], sql, 3, lock_argtypes);
+	}
+	rc = SPI_execute_plan(lock_plans[filters], lock_values, lock_nulls,
+						  false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "outbox claim failed: %s", SPI_result_code_string(rc));
+	nlocked = SPI_processed;
+
+	if (nlocked > 0)
+	{
+		SPITupleTable *locked = SPI_tuptable;
+		ArrayType  *tidarray;
+
+		tids = palloc(sizeof(Datum) * nlocked);
+		rows = palloc(sizeof(ClaimedRow) * nlocked);
+		for (i = 0; i < nlocked; i++)
+		{
+			bool		isnull;
+
+			tids[i] = SPI_getbinval(locked->vals[i], locked->tupdesc, 1, &isnull);
+			rows[i].tenant = SPI_getvalue(locked->vals[i], locked->tupdesc, 2);
+			rows[i].id = DatumGetInt64(SPI_getbinval(locked->vals[i],
+													 locked->tupdesc, 3,
+													 &isnull));
+			rows[i].position = i;
+			rows[i].leased = NULL;
+		}
+		tidarray = construct_array(tids, (int) nlocked, TIDOID,
+								   sizeof(ItemPointerData), false,
+								   TYPALIGN_SHORT);
+
+		/* 2. lease them */
+		lease_values[0] = CStringGetTextDatum(worker);
+		lease_values[1] = IntervalPGetDatum(lease);
+		lease_values[2] = PointerGetDatum(tidarray);
+		plan = outbox_plan(&lease_plan, outbox_lease_sql, 3, lease_argtypes);
+		rc = SPI_execute_plan(plan, lease_values, NULL, false, 0);
+		if (rc != SPI_OK_UPDATE_RETURNING)
+			elog(ERROR, "outbox lease failed: %s", SPI_result_code_string(rc));
+		leased = SPI_tuptable;
+		if (leased->tupdesc->natts != tupdesc->natts)
+			elog(ERROR, "outbox lease returned %d columns, expected %d",
+				 leased->tupdesc->natts, tupdesc->natts);
+		lease_token_attno = SPI_fnumber(leased->tupdesc, "lease_token");
+		if (lease_token_attno <= 0)
+			elog(ERROR, "outbox lease returned no lease_token column");
+
+		/*
+		 * The TID scan returns rows in physical order: put them back in lock
+		 * order, which is available_at order, by looking each up by key.
+		 */
+		qsort(rows, nlocked, sizeof(ClaimedRow), claimed_row_cmp);
+		for (i = 0; i < SPI_processed; i++)
+		{
+			HeapTuple	tuple = leased->vals[i];
+			bool		isnull;
+			ClaimedRow	key;
+			ClaimedRow *found;
+
+			(void) SPI_getbinval(tuple, leased->tupdesc, lease_token_attno,
+								 &isnull);
+			if (isnull)
+				continue;		/* dead-lettered by this claim */
+			key.id = DatumGetInt64(SPI_getbinval(tuple, leased->tupdesc, 2,
+												 &isnull));
+			key.tenant = SPI_getvalue(tuple, leased->tupdesc, 1);
+			found = bsearch(&key, rows, nlocked, sizeof(ClaimedRow),
+							claimed_row_cmp);
+			if (found == NULL)
+				elog(ERROR, "outbox lease returned a row it did not lock");
+			found->leased = tuple;
+		}
+
+		ordered = palloc0(sizeof(HeapTuple) * nlocked);
+		for (i = 0; i < nlocked; i++)
+			ordered[rows[i].position] = rows[i].leased;
+
+		rowvalues = palloc(sizeof(Datum) * tupdesc->natts);
+		rownulls = palloc(sizeof(bool) * tupdesc->natts);
+		for (i = 0; i < nlocked; i++)
+		{
+			if (ordered[i] == NULL)
+				continue;		/* dead-lettered */
+			heap_deform_tuple(ordered[i], leased->tupdesc, rowvalues, rownulls);
+			/* copies the values into the tuplestore's context */
+			tuplestore_putvalues(tupstore, tupdesc, rowvalues, rownulls);
+		}
+	}
+	SPI_finish();
+
+	rsinfo->returnMode = SFRM_Materialize;
+	rsinfo->setResult = tupstore;
+	rsinfo->setDesc = tupdesc;
+	return (Datum) 0;
+}
+
+/*
+ * outbox_ack(tenant text, id bigint, lease_token uuid, provider_ref text)
+ *
+ * Marks a row delivered: status done, done_at, provider_ref.  Only the
+ * current lease holder may do so; the lease may have expired as long as
+ * no one claimed the row since (the token would have changed).  Takes the
+ * row lock.  Errors, nothing written: P0002 unknown row (or another
+ * tenant's), 55000 already done or dead, 55006 stale lease token.
+ */
+Datum
+outbox_ack(PG_FUNCTION_ARGS)
+{
+	char	   *tenant;
+	int64		id;
+	Oid			argtypes[4] = {TEXTOID, INT8OID, UUIDOID, TEXTOID};
+	Datum		values[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
+	SPIPlanPtr	plan;
+	int			rc;
+
+	tenant = outbox_tenant_arg(fcinfo, 0);
+	outbox_require_arg(fcinfo, 1, "id");
+	outbox_require_arg(fcinfo, 2, "lease_token");
+	id = PG_GETARG_INT64(1);
+
+	values[0] = CStringGetTextDatum(tenant);
+	values[1] = Int64GetDatum(id);
+	values[2] = PG_GETARG_DATUM(2);
+	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
+	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
+
+	SPI_connect();
+	plan = outbox_plan(&ack_plan, outbox_ack_sql, 4, argtypes);
+	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	if (rc != SPI_OK_UPDATE)
+		elog(ERROR, "outbox ack failed: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 0)
+		outbox_explain_miss(tenant, id, "outbox_ack", false);
+	SPI_finish();
+
+	PG_RETURN_VOID();
+}
+
+/*
+ * outbox_nack(tenant text, id bigint, lease_token uuid, error text,
+ *			   retry_in interval) RETURNS idempotency.outbox_status
+ *
+ * Reports a failed delivery by the current lease holder: attempts + 1,
+ * last_error, and either pending again after retry_in (NULL: exponential
+ * backoff with jitter, see OUTBOX_BACKOFF_*) or dead once attempts reaches
+ * max_attempts.  Returns the new status.  Takes the row lock.  Errors as
+ * outbox_ack, plus 22023 for a negative retry_in.
+ */
+Datum
+outbox_nack(PG_FUNCTION_ARGS)
+{
+	char	   *tenant;
+	int64		id;
+	Oid			argtypes[6] = {TEXTOID, INT8OID, UUIDOID, TEXTOID,
+	INTERVALOID, FLOAT8OID};
+	Datum		values[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	double		jitter;
+	SPIPlanPtr	plan;
+	int			rc;
+	bool		isnull;
+	Datum		status;
+
+	tenant = outbox_tenant_arg(fcinfo, 0);
+	outbox_require_arg(fcinfo, 1, "id");
+	outbox_require_arg(fcinfo, 2, "lease_token");
+	id = PG_GETARG_INT64(1);
+	if (!PG_ARGISNULL(4) && interval_is_negative(PG_GETARG_INTERVAL_P(4)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("retry_in must not be negative"),
+				 errhint("Pass '0' to retry at once, or NULL for exponential backoff.")));
+
+	/* uniform in [0.5, 1.0): spreads retries of rows that failed together */
+#if PG_VERSION_NUM >= 150000
+	jitter = 0.5 + 0.5 * pg_prng_double(&pg_global_prng_state);
+#else
+	jitter = 0.5 + 0.5 * ((double) random() / ((double) MAX_RANDOM_VALUE + 1.0));
+#endif
+
+	values[0] = CStringGetTextDatum(tenant);
+	values[1] = Int64GetDatum(id);
+	values[2] = PG_GETARG_DATUM(2);
+	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
+	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
+	values[4] = PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4);
+	nulls[4] = PG_ARGISNULL(4) ? 'n' : ' ';
+	values[5] = Float8GetDatum(jitter);
+
+	SPI_connect();
+	plan = outbox_plan(&nack_plan, outbox_nack_sql, 6, argtypes);
+	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox nack failed: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 0)
+		outbox_explain_miss(tenant, id, "outbox_nack", false);
+	/* an enum is an Oid, passed by value: safe after SPI_finish */
+	status = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+						   &isnull);
+	SPI_finish();
+
+	PG_RETURN_DATUM(status);
+}
+
+/*
+ * outbox_requeue(tenant text, id bigint)
+ *
+ * Returns a dead letter to the queue: pending, attempts 0, due now (its
+ * last_error is kept), and notifies idempotency_outbox on commit.  An
+ * operator's action, revoked from PUBLIC.  Takes the row lock.  Errors,
+ * nothing written: P0002 unknown row, 55000 row not dead.
+ */
+Datum
+outbox_requeue(PG_FUNCTION_ARGS)
+{
+	char	   *tenant;
+	int64		id;
+	Oid			argtypes[2] = {TEXTOID, INT8OID};
+	Datum		values[2];
+	SPIPlanPtr	plan;
+	int			rc;
+	char	   *topic;
+	MemoryContext callcontext = CurrentMemoryContext;
+
+	tenant = outbox_tenant_arg(fcinfo, 0);
+	outbox_require_arg(fcinfo, 1, "id");
+	id = PG_GETARG_INT64(1);
+
+	values[0] = CStringGetTextDatum(tenant);
+	values[1] = Int64GetDatum(id);
+
+	SPI_connect();
+	plan = outbox_plan(&requeue_plan, outbox_requeue_sql, 2, argtypes);
+	rc = SPI_execute_plan(plan, values, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox requeue failed: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 0)
+		outbox_explain_miss(tenant, id, "outbox_requeue", true);
+	topic = MemoryContextStrdup(callcontext,
+								SPI_getvalue(SPI_tuptable->vals[0],
+											 SPI_tuptable->tupdesc, 1));
+	SPI_finish();
+
+	if (idem_outbox_notify)
+		Async_Notify(OUTBOX_CHANNEL, topic);
+
+	PG_RETURN_VOID();
+}

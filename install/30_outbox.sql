@@ -1,2 +1,92 @@
 
 /* ---- outbox.c: transactional outbox ---- */
+
+/*
+ * The claim path: due rows (pending, or leased with an expired lease: for a
+ * leased row available_at is the end of its lease), oldest first.  Rows
+ * that are done or dead leave the index, so it stays as small as the
+ * backlog.  outbox.c's claim statement repeats this predicate verbatim.
+ */
+CREATE INDEX outbox_claim_idx ON idempotency.outbox (available_at)
+    WHERE status IN ('pending', 'leased');
+
+/* Dead letters are few; this keeps listing and counting them cheap. */
+CREATE INDEX outbox_dead_idx ON idempotency.outbox (tenant_id, id)
+    WHERE status = 'dead';
+
+/*
+ * Rows that used up their attempts, waiting for an operator: fix the cause,
+ * then outbox_requeue(tenant, id).
+ */
+CREATE VIEW idempotency.dead_letters AS
+    SELECT tenant_id, id, topic, idem_scope, idem_key, attempts, max_attempts,
+           last_error, leased_by AS last_worker, created_at, payload, headers
+      FROM idempotency.outbox
+     WHERE status = 'dead';
+
+REVOKE ALL ON idempotency.dead_letters FROM PUBLIC;
+
+CREATE FUNCTION outbox_enqueue(tenant text, topic text, payload jsonb,
+                               key text DEFAULT NULL,
+                               scope text DEFAULT NULL,
+                               headers jsonb DEFAULT NULL,
+                               deliver_after interval DEFAULT '0',
+                               max_attempts int DEFAULT NULL)
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'outbox_enqueue'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int) IS
+    'queue a side effect in the current transaction; NOTIFY idempotency_outbox on commit';
+
+CREATE FUNCTION outbox_claim(worker text, batch int DEFAULT 10,
+                             lease interval DEFAULT '30 seconds',
+                             topics text[] DEFAULT NULL,
+                             tenant text DEFAULT NULL)
+    RETURNS SETOF idempotency.outbox
+    AS 'MODULE_PATHNAME', 'outbox_claim'
+    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 10
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox_claim(text, int, interval, text[], text) IS
+    'lease up to batch due outbox rows (FOR UPDATE SKIP LOCKED), oldest first';
+
+CREATE FUNCTION outbox_ack(tenant text, id bigint, lease_token uuid,
+                           provider_ref text DEFAULT NULL)
+    RETURNS void
+    AS 'MODULE_PATHNAME', 'outbox_ack'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox_ack(text, bigint, uuid, text) IS
+    'mark a leased outbox row delivered (only with its current lease_token)';
+
+CREATE FUNCTION outbox_nack(tenant text, id bigint, lease_token uuid,
+                            error text, retry_in interval DEFAULT NULL)
+    RETURNS idempotency.outbox_status
+    AS 'MODULE_PATHNAME', 'outbox_nack'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox_nack(text, bigint, uuid, text, interval) IS
+    'report a failed delivery: retry with backoff, or dead letter after max_attempts';
+
+CREATE FUNCTION outbox_requeue(tenant text, id bigint)
+    RETURNS void
+    AS 'MODULE_PATHNAME', 'outbox_requeue'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox_requeue(text, bigint) IS
+    'return a dead letter to the queue (operators only)';
+
+REVOKE EXECUTE ON FUNCTION outbox_requeue(text, bigint) FROM PUBLIC;
+
+/*
+ * Undelivered intents are data, not configuration: pg_dump must keep them,
+ * and the id sequence with them, or a restored database would lose pending
+ * side effects and hand out ids again.
+ */
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_id_seq', '');

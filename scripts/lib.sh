@@ -11,6 +11,8 @@
 PG_BINDIR=$(/usr/lib/postgresql/15/bin/pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
 PG_PKGLIBDIR=$(/usr/lib/postgresql/15/bin/pg_config --pkglibdir 2>/dev/null || echo /usr/lib/postgresql/15/lib)
 export PATH="$PG_BINDIR:$PATH"
+# Clusters are UTF-8 whatever the caller's locale (CI may have none).
+export LANG=C.UTF-8 LC_ALL=C.UTF-8
 
 # Copy the source tree (without .git and build products) to a scratch
 # directory owned by postgres; sets WORK.
