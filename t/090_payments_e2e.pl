@@ -158,6 +158,7 @@ sub check_summary
 my $s = loadtest(qw(--keys 24 --clients 4 --repeats 3 --mismatch-rate 0.3),
 	qw(--prefix conc --deadline 60 --seed 7));
 my $changed = check_summary('concurrent clients', $s, 'conc');
+note('concurrent clients, answers by status: ', $json->encode($s->{statuses}));
 ok($changed > 0, 'some clients changed the body');
 ok(($s->{statuses}{409} // 0) > 0,
 	'concurrent duplicates were answered 409 in_progress')
@@ -194,6 +195,7 @@ while (time() < $deadline)
 	sleep 0.3;
 }
 cmp_ok($crashes, '>=', 4, "workers were killed with SIGKILL $crashes times");
+note("workers killed: $crashes");
 is(outbox_open(), 0, 'every outbox row is done');
 
 my $ledger = $json->decode($http->get("$provider_url/_ledger")->{content});
@@ -236,6 +238,7 @@ ok(($s->{statuses}{503} // 0) + ($s->{statuses}{'connection-error'} // 0) > 0,
 	'clients saw the outage (503) and retried')
   or diag(explain $s->{statuses});
 check_summary('immediate shutdown', $s, 'crash');
+note('immediate shutdown, answers by status: ', $json->encode($s->{statuses}));
 is( psql1(
 		"SELECT count(*) FROM payments.charges c
 		   LEFT JOIN idempotency.keys k
