@@ -60,7 +60,7 @@ for _ in $(seq 50); do
     [ "$(psql -X -Atc "SELECT count(*) FROM idempotency.outbox WHERE status <> 'done'")" = 0 ] && break
     sleep 0.2
 done
-psql -X -c "SELECT id, topic, idem_key, status, attempts, provider_ref FROM idempotency.outbox ORDER BY id"
+psql -X -c "SELECT id, topic, idem_key, status, attempts, provider_ref FROM idempotency.outbox WHERE topic = 'charge.capture' ORDER BY id"
 psql -X -c "SELECT id, idem_key, status, provider_ref FROM payments.charges ORDER BY id"
 echo "\$ curl $PROVIDER_URL/_ledger"
 curl -s "$PROVIDER_URL/_ledger"; echo
