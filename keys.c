@@ -1,6 +1,41 @@
 /*-------------------------------------------------------------------------
  *
  * keys.c
+ *	  The key lifecycle: idem_reserve, idem_complete, idem_checkpoint,
+ *	  idem_release, idem_resolve and idem_lookup.
+ *
+ * A key is one row of idempotency.keys, identified by (tenant, scope, key).
+ * idem_reserve decides in one step whether a request is new ("created"), a
+ * retry of a finished one ("replay"), a concurrent duplicate
+ * ("in_progress"), a misuse of the key ("mismatch") or the retry of an
+ * attempt that vanished after committing its reservation ("stale").
+ *
+ * Locking: every function that writes a key first takes a heavyweight lock
+ * on it in the extension's own advisory lock space (an advisory LOCKTAG
+ * whose fourth field, IDEM_LOCKTAG_CLASS, no user advisory lock uses; the
+ * first three carry the database and a 64-bit hash of tenant, scope and
+ * key).  The lock is transaction-scoped.  idem_reserve asks for it without
+ * waiting, so a duplicate that arrives while the first attempt's
+ * transaction is still open is answered "in_progress" at once instead of
+ * queueing on the primary key's unique index; with "wait" it polls for the
+ * lock until the deadline.  The lock is given back early when the call
+ * wrote nothing, so a duplicate answered from a committed row never blocks
+ * the holder's later idem_complete.  idem_complete, idem_checkpoint,
+ * idem_release and idem_resolve wait for the lock normally (deadlock
+ * detection and lock_timeout apply).  A hash collision between two keys
+ * can only make one of them answer "in_progress" spuriously.
+ *
+ * Every write is a saved SPI plan with parameters.  The one read every
+ * call makes, the key's row by primary key, probes the index directly (see
+ * keys_fetch): on a replay it is the whole cost of the call.  Under READ
+ * COMMITTED each statement sees what has committed when it starts; under
+ * REPEATABLE READ and SERIALIZABLE a key committed after the transaction's
+ * snapshot cannot be replayed from it and the call raises a serialization
+ * failure instead of answering from a stale view.
+ *
+ * Scope policies (idempotency.scopes) are cached per backend.  A statement
+ * trigger on the table sends a relcache invalidation for it, which reaches
+ * every backend; the callback registered here drops the cache.
  *
  * IDENTIFICATION
  *	  keys.c
@@ -9,4 +44,1607 @@
  */
 #include "postgres.h"
 
+#include <limits.h>
+
+#include "access/detoast.h"
+#include "access/genam.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_enum.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "common/hashfn.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/latch.h"
+#include "storage/lock.h"
+#include "storage/proc.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
+#include "utils/fmgroids.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+#include "utils/typcache.h"
+#include "utils/uuid.h"
+
 #include "idempotency.h"
+
+/* Fourth field of the advisory LOCKTAG; user advisory locks use 1 and 2. */
+#define IDEM_LOCKTAG_CLASS	0x4944
+
+/* Scopes at least this long are not cached (looked up on every call). */
+#define SCOPE_CACHE_KEYLEN	128
+/* The cache is dropped rather than grown past this many scopes. */
+#define SCOPE_CACHE_MAX		1024
+
+/* Retry-After bounds, in seconds, for "in_progress". */
+#define RETRY_AFTER_MAX		60
+
+/* Attempts before giving up when a conflicting row vanishes under us. */
+#define RESERVE_ATTEMPTS	3
+
+/* Outcomes, in the order of the idempotency.outcome enum. */
+typedef enum ReserveOutcome
+{
+	OUTCOME_CREATED,
+	OUTCOME_REPLAY,
+	OUTCOME_IN_PROGRESS,
+	OUTCOME_MISMATCH,
+	OUTCOME_STALE,
+	OUTCOME_COUNT
+} ReserveOutcome;
+
+static const char *const outcome_labels[OUTCOME_COUNT] = {
+	"created", "replay", "in_progress", "mismatch", "stale"
+};
+
+/* Statuses, in the order of the idempotency.status enum. */
+typedef enum KeyStatus
+{
+	STATUS_PROCESSING,
+	STATUS_SUCCEEDED,
+	STATUS_FAILED,
+	STATUS_COUNT
+} KeyStatus;
+
+static const char *const status_labels[STATUS_COUNT] = {
+	"processing", "succeeded", "failed"
+};
+
+/* A scope's policy, with "has_" flags where the GUC default applies. */
+typedef struct ScopePolicy
+{
+	bool		has_ttl;
+	Interval	ttl;
+	bool		has_lock_timeout;
+	Interval	lock_timeout;
+	bool		cache_server_errors;
+	bool		takeover;
+	ArrayType  *ignore;			/* fingerprint_ignore, or NULL */
+} ScopePolicy;
+
+typedef struct ScopeCacheEntry
+{
+	char		scope[SCOPE_CACHE_KEYLEN];	/* hash key */
+	ScopePolicy policy;
+} ScopeCacheEntry;
+
+/* The identity of a key as SPI parameters $1, $2, $3, plus C strings. */
+typedef struct KeyIdent
+{
+	Datum		values[3];		/* tenant, scope, key as text */
+	char	   *tenant;
+	char	   *scope;
+	char	   *key;
+} KeyIdent;
+
+/* One row of idempotency.keys as the hot path reads it. */
+typedef struct KeyRow
+{
+	bytea	   *fingerprint;
+	Oid			status;
+	bool		has_token;
+	pg_uuid_t	token;
+	bool		has_locked_at;
+	TimestampTz locked_at;
+	bool		has_recovery_point;
+	Datum		recovery_point;
+	bool		has_response_code;
+	int32		response_code;
+	bool		has_body;
+	Datum		body;
+	bool		has_headers;
+	Datum		headers;
+	bool		needs_reconciliation;
+	TimestampTz expires_at;
+} KeyRow;
+
+/* What idem_reserve answers, before it becomes a reservation tuple. */
+typedef struct ReserveAnswer
+{
+	ReserveOutcome outcome;
+	int32		http_status;	/* 0 for NULL */
+	bool		has_response_code;
+	int32		response_code;
+	bool		has_body;
+	Datum		body;
+	bool		has_headers;
+	Datum		headers;
+	int32		retry_after;	/* 0 for NULL */
+	bool		has_recovery_point;
+	Datum		recovery_point;
+	bool		has_token;
+	pg_uuid_t	token;
+	bool		has_expires_at;
+	TimestampTz expires_at;
+} ReserveAnswer;
+
+/*
+ * Backend-local catalog cache: OIDs, the reservation tuple descriptor and
+ * the scope policies.  Rebuilt when the relcache callback reports a change
+ * of idempotency.scopes (or a full reset, or the extension being dropped,
+ * which drops that table too).
+ */
+static MemoryContext keys_cache_cxt = NULL;
+static bool keys_cache_valid = false;
+static bool keys_callback_registered = false;
+static uint64 keys_inval_count = 0;
+static Oid	scopes_relid = InvalidOid;
+static Oid	outcome_oids[OUTCOME_COUNT];
+static Oid	status_oids[STATUS_COUNT];
+static TupleDesc reservation_desc = NULL;
+static Oid	keys_relid = InvalidOid;
+static Oid	keys_pkey_relid = InvalidOid;
+
+/* Columns of idempotency.keys the hot read needs, by name. */
+typedef enum KeysAtt
+{
+	KEYS_ATT_FINGERPRINT,
+	KEYS_ATT_STATUS,
+	KEYS_ATT_LOCK_TOKEN,
+	KEYS_ATT_LOCKED_AT,
+	KEYS_ATT_RECOVERY_POINT,
+	KEYS_ATT_RESPONSE_CODE,
+	KEYS_ATT_RESPONSE_BODY,
+	KEYS_ATT_RESPONSE_HEADERS,
+	KEYS_ATT_NEEDS_RECONCILIATION,
+	KEYS_ATT_EXPIRES_AT,
+	KEYS_ATT_COUNT
+} KeysAtt;
+
+static const char *const keys_att_names[KEYS_ATT_COUNT] = {
+	"fingerprint", "status", "lock_token", "locked_at", "recovery_point",
+	"response_code", "response_body", "response_headers",
+	"needs_reconciliation", "expires_at"
+};
+static AttrNumber keys_attnum[KEYS_ATT_COUNT];
+static HTAB *scope_cache = NULL;
+
+/* Saved plans, prepared on first use. */
+static SPIPlanPtr plan_insert = NULL;
+static SPIPlanPtr plan_renew = NULL;
+static SPIPlanPtr plan_takeover = NULL;
+static SPIPlanPtr plan_flag = NULL;
+static SPIPlanPtr plan_complete = NULL;
+static SPIPlanPtr plan_delete = NULL;
+static SPIPlanPtr plan_checkpoint = NULL;
+static SPIPlanPtr plan_scope = NULL;
+static SPIPlanPtr plan_lookup = NULL;
+
+PG_FUNCTION_INFO_V1(idem_reserve_request);
+PG_FUNCTION_INFO_V1(idem_reserve_fingerprint);
+PG_FUNCTION_INFO_V1(idem_complete);
+PG_FUNCTION_INFO_V1(idem_checkpoint);
+PG_FUNCTION_INFO_V1(idem_release);
+PG_FUNCTION_INFO_V1(idem_resolve);
+PG_FUNCTION_INFO_V1(idem_lookup);
+PG_FUNCTION_INFO_V1(idem_scopes_changed);
+
+/* ----------------------------------------------------------------
+ * Catalog cache
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Relcache invalidation callback: runs inside invalidation processing, so
+ * it only flags the cache; keys_ensure_cache rebuilds it at the next call.
+ */
+static void
+keys_relcache_callback(Datum arg, Oid relid)
+{
+	(void) arg;
+	if (relid == InvalidOid || relid == scopes_relid)
+	{
+		keys_cache_valid = false;
+		keys_inval_count++;
+	}
+}
+
+static Oid
+keys_enum_label_oid(Oid typid, const char *label)
+{
+	Oid			oid;
+
+	oid = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
+						  ObjectIdGetDatum(typid), CStringGetDatum(label));
+	if (!OidIsValid(oid))
+		elog(ERROR, "enum label \"%s\" of type %u not found", label, typid);
+	return oid;
+}
+
+static Oid
+keys_type_oid(Oid nsp, const char *name)
+{
+	Oid			typid;
+
+	typid = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
+							CStringGetDatum(name), ObjectIdGetDatum(nsp));
+	if (!OidIsValid(typid))
+		elog(ERROR, "type idempotency.%s not found", name);
+	return typid;
+}
+
+/*
+ * Make sure the catalog cache is loaded.  Catalog lookups may themselves
+ * process invalidations; if one arrives while loading, load again.
+ */
+static void
+keys_ensure_cache(void)
+{
+	while (!keys_cache_valid)
+	{
+		uint64		start = keys_inval_count;
+		MemoryContext oldcxt;
+		Oid			nsp;
+		Oid			typid;
+		int			i;
+		HASHCTL		ctl;
+
+		if (!keys_callback_registered)
+		{
+			CacheRegisterRelcacheCallback(keys_relcache_callback, (Datum) 0);
+			keys_callback_registered = true;
+		}
+		if (keys_cache_cxt == NULL)
+			keys_cache_cxt = AllocSetContextCreate(CacheMemoryContext,
+												   "idempotency keys cache",
+												   ALLOCSET_SMALL_SIZES);
+		else
+			MemoryContextReset(keys_cache_cxt);
+		scope_cache = NULL;
+		reservation_desc = NULL;
+
+		nsp = get_namespace_oid("idempotency", false);
+		scopes_relid = get_relname_relid("scopes", nsp);
+		keys_relid = get_relname_relid("keys", nsp);
+		keys_pkey_relid = get_relname_relid("keys_pkey", nsp);
+		if (!OidIsValid(scopes_relid) || !OidIsValid(keys_relid) ||
+			!OidIsValid(keys_pkey_relid))
+			elog(ERROR, "tables of the idempotency extension not found");
+		for (i = 0; i < KEYS_ATT_COUNT; i++)
+		{
+			keys_attnum[i] = get_attnum(keys_relid, keys_att_names[i]);
+			if (keys_attnum[i] == InvalidAttrNumber)
+				elog(ERROR, "column idempotency.keys.%s not found",
+					 keys_att_names[i]);
+		}
+
+		typid = keys_type_oid(nsp, "outcome");
+		for (i = 0; i < OUTCOME_COUNT; i++)
+			outcome_oids[i] = keys_enum_label_oid(typid, outcome_labels[i]);
+		typid = keys_type_oid(nsp, "status");
+		for (i = 0; i < STATUS_COUNT; i++)
+			status_oids[i] = keys_enum_label_oid(typid, status_labels[i]);
+
+		typid = keys_type_oid(nsp, "reservation");
+		oldcxt = MemoryContextSwitchTo(keys_cache_cxt);
+		reservation_desc = lookup_rowtype_tupdesc_copy(typid, -1);
+		MemoryContextSwitchTo(oldcxt);
+
+		memset(&ctl, 0, sizeof(ctl));
+		ctl.keysize = SCOPE_CACHE_KEYLEN;
+		ctl.entrysize = sizeof(ScopeCacheEntry);
+		ctl.hcxt = keys_cache_cxt;
+		scope_cache = hash_create("idempotency scope policies", 64, &ctl,
+#if PG_VERSION_NUM >= 140000
+								  HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+#else
+								  HASH_ELEM | HASH_CONTEXT);
+#endif
+
+		if (keys_inval_count == start)
+			keys_cache_valid = true;
+	}
+}
+
+/* ----------------------------------------------------------------
+ * SPI helpers
+ * ----------------------------------------------------------------
+ */
+
+/* Prepare "sql" once per backend and keep the plan. */
+static SPIPlanPtr
+keys_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
+{
+	if (*cache == NULL)
+	{
+		SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
+
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed: %s",
+				 SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		*cache = plan;
+	}
+	return *cache;
+}
+
+static void
+keys_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only)
+{
+	int			rc = SPI_execute_plan(plan, values, nulls, read_only, 0);
+
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+}
+
+#define KEY_WHERE \
+	" WHERE tenant_id = $1 AND scope = $2 AND idem_key = $3"
+
+/* ----------------------------------------------------------------
+ * Argument checks (all run before anything is written)
+ * ----------------------------------------------------------------
+ */
+
+static void
+keys_null_argument(const char *name)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+			 errmsg("%s must not be null", name),
+			 errhint("Pass a non-null %s.", name)));
+}
+
+/*
+ * Check the key: present, at most IDEM_MAX_KEY_LEN bytes, printable ASCII.
+ */
+static void
+keys_check_key(text *key)
+{
+	const char *p;
+	int			len;
+	int			i;
+
+	if (key == NULL || VARSIZE_ANY_EXHDR(key) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("idempotency key is missing"),
+				 errhint("Send an idempotency key with every request that must not run twice, and answer requests without one with HTTP 400.")));
+	p = VARDATA_ANY(key);
+	len = VARSIZE_ANY_EXHDR(key);
+	if (len > IDEM_MAX_KEY_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("idempotency key is too long"),
+				 errdetail("The key is %d bytes long; at most %d are allowed.",
+						   len, IDEM_MAX_KEY_LEN),
+				 errhint("Use a UUID or another identifier of at most %d printable ASCII characters.",
+						 IDEM_MAX_KEY_LEN)));
+	for (i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) p[i];
+
+		if (c < 0x20 || c > 0x7e)
+			ereport(ERROR,
+					(errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE),
+					 errmsg("idempotency key contains a non-printable character"),
+					 errdetail("Byte %d of the key is 0x%02x; only printable ASCII (0x20 to 0x7E) is allowed.",
+							   i + 1, c),
+					 errhint("Use a UUID or another identifier made of printable ASCII characters.")));
+	}
+}
+
+/*
+ * Check and collect tenant ($1), scope ($2) and key ($3) of a call whose
+ * first three arguments they are.  The tenant check follows the NULL check
+ * so the message can name the argument.
+ */
+static void
+keys_ident_from_args(FunctionCallInfo fcinfo, KeyIdent *id)
+{
+	text	   *key;
+
+	if (PG_ARGISNULL(0))
+		keys_null_argument("tenant");
+	id->tenant = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	idem_check_tenant(id->tenant);
+	if (PG_ARGISNULL(1))
+		keys_null_argument("scope");
+	key = PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2);
+	keys_check_key(key);
+
+	id->scope = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	id->key = text_to_cstring(key);
+	id->values[0] = PG_GETARG_DATUM(0);
+	id->values[1] = PG_GETARG_DATUM(1);
+	id->values[2] = PointerGetDatum(key);
+}
+
+/* Approximate length of an interval in microseconds (a month is 30 days). */
+static int64
+keys_interval_usecs(const Interval *iv)
+{
+	return iv->time + (int64) iv->day * USECS_PER_DAY +
+		(int64) iv->month * DAYS_PER_MONTH * USECS_PER_DAY;
+}
+
+static Interval
+keys_seconds_interval(int seconds)
+{
+	Interval	iv;
+
+	iv.time = (int64) seconds * USECS_PER_SEC;
+	iv.day = 0;
+	iv.month = 0;
+	return iv;
+}
+
+static TimestampTz
+keys_add_interval(TimestampTz ts, Interval *iv)
+{
+	return DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+												   TimestampTzGetDatum(ts),
+												   IntervalPGetDatum(iv)));
+}
+
+/* Size of a stored value as the size GUCs count it: uncompressed bytes. */
+static Size
+keys_datum_size(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_ARGISNULL(argno))
+		return 0;
+	return toast_raw_datum_size(PG_GETARG_DATUM(argno)) - VARHDRSZ;
+}
+
+static void
+keys_check_response(FunctionCallInfo fcinfo, int code_arg, int body_arg,
+					int headers_arg)
+{
+	int32		code;
+	Size		size;
+
+	if (PG_ARGISNULL(code_arg))
+		keys_null_argument("response_code");
+	code = PG_GETARG_INT32(code_arg);
+	if (code < 100 || code > 599)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("response_code %d is not an HTTP status code", code),
+				 errhint("Pass the HTTP status code of the response, from 100 to 599.")));
+	if (headers_arg >= 0 && !PG_ARGISNULL(headers_arg))
+	{
+		Jsonb	   *headers = PG_GETARG_JSONB_P(headers_arg);
+
+		if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("response_headers must be a JSON object"),
+					 errhint("Pass the headers to replay as an object of names and values, for example {\"Location\": \"/orders/42\"}.")));
+	}
+	size = keys_datum_size(fcinfo, body_arg);
+	if (headers_arg >= 0)
+		size += keys_datum_size(fcinfo, headers_arg);
+	if (size > (Size) idem_max_response_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("response is too large to store"),
+				 errdetail("The response body and headers take %zu bytes; idempotency.max_response_size is %d bytes.",
+						   size, idem_max_response_size),
+				 errhint("Store a smaller response (for example a reference to the resource), or raise idempotency.max_response_size.")));
+}
+
+/* ----------------------------------------------------------------
+ * Locks
+ * ----------------------------------------------------------------
+ */
+
+static void
+keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
+{
+	uint64		h = 0;
+	int			i;
+
+	for (i = 0; i < 3; i++)
+	{
+		text	   *t = DatumGetTextPP(id->values[i]);
+
+		uint64		part;
+
+		part = hash_bytes_extended((const unsigned char *) VARDATA_ANY(t),
+								   VARSIZE_ANY_EXHDR(t), i);
+		h = hash_combine64(h, part);
+	}
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
+						 IDEM_LOCKTAG_CLASS);
+}
+
+/*
+ * Wait up to "timeout_ms" for the key's lock as an ordinary lock waiter
+ * (visible in pg_locks, part of deadlock detection), by running the
+ * acquisition in a subtransaction with lock_timeout set.  Returns false if
+ * the timeout expired; any other error (cancel, deadlock) is rethrown.
+ */
+static bool
+reserve_wait_lock(LOCKTAG *tag, int timeout_ms)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	int			save_lock_timeout = LockTimeout;
+	volatile bool got = false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		ResourceOwner subowner;
+
+		LockTimeout = timeout_ms;
+		(void) LockAcquire(tag, ExclusiveLock, false, false);
+		LockTimeout = save_lock_timeout;
+
+		/*
+		 * Hand the lock to the caller's resource owner, as if taken there,
+		 * so that the caller can give it back early with LockRelease.
+		 */
+		subowner = CurrentResourceOwner;
+		CurrentResourceOwner = oldowner;
+		(void) LockAcquire(tag, ExclusiveLock, false, true);
+		CurrentResourceOwner = subowner;
+		LockRelease(tag, ExclusiveLock, false);
+		ReleaseCurrentSubTransaction();
+		got = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		LockTimeout = save_lock_timeout;
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(edata);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(oldcxt);
+	CurrentResourceOwner = oldowner;
+	return got;
+}
+
+/*
+ * Take the key's lock without queueing.  When it is busy and "deadline" is
+ * set, wait for it until the deadline.  Returns false if the lock could not
+ * be had in time.
+ */
+static bool
+reserve_claim_lock(LOCKTAG *tag, TimestampTz deadline)
+{
+	TimestampTz now;
+	int64		remaining_ms;
+
+	if (LockAcquire(tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
+		return true;
+	if (deadline == 0)
+		return false;
+	now = GetCurrentTimestamp();
+	if (now >= deadline)
+		return false;
+	remaining_ms = (deadline - now + 999) / 1000;
+	return reserve_wait_lock(tag, (int) Min(remaining_ms, INT_MAX));
+}
+
+/* Sleep a little while waiting for a committed reservation to finish. */
+static void
+reserve_sleep(TimestampTz deadline, long *sleep_ms)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	long		remaining_ms = (long) ((deadline - now + 999) / 1000);
+
+	if (remaining_ms <= 0)
+		return;
+	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					 Min(*sleep_ms, remaining_ms), PG_WAIT_EXTENSION);
+	ResetLatch(MyLatch);
+	CHECK_FOR_INTERRUPTS();
+	*sleep_ms = Min(*sleep_ms * 2, 100);
+}
+
+/* ----------------------------------------------------------------
+ * Scope policies
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Read the policy of "scope" into *policy, from the cache or from
+ * idempotency.scopes.  The table is read with the latest snapshot, not the
+ * transaction's: what is cached must not depend on an old snapshot, since
+ * the invalidation for a later change may already have been processed.
+ * Must be called inside SPI; policy->ignore is allocated in the current
+ * context.
+ */
+static void
+keys_scope_policy(const char *scope, ScopePolicy *policy)
+{
+	bool		cacheable = strlen(scope) < SCOPE_CACHE_KEYLEN;
+	ScopeCacheEntry *entry;
+	Oid			argtypes[1] = {TEXTOID};
+	Datum		values[1];
+	bool		isnull;
+	MemoryContext oldcxt;
+	int			rc;
+
+	if (cacheable)
+	{
+		entry = hash_search(scope_cache, scope, HASH_FIND, NULL);
+		if (entry != NULL)
+		{
+			*policy = entry->policy;
+			if (policy->ignore != NULL)
+				policy->ignore =
+					DatumGetArrayTypePCopy(PointerGetDatum(entry->policy.ignore));
+			return;
+		}
+	}
+
+	memset(policy, 0, sizeof(*policy));
+	keys_plan(&plan_scope,
+			  "SELECT ttl, lock_timeout, cache_server_errors,"
+			  " stale_action OPERATOR(pg_catalog.=) 'takeover',"
+			  " fingerprint_ignore"
+			  " FROM idempotency.scopes WHERE scope = $1",
+			  1, argtypes);
+	values[0] = CStringGetTextDatum(scope);
+	rc = SPI_execute_snapshot(plan_scope, values, NULL, GetLatestSnapshot(),
+							  InvalidSnapshot, true, false, 1);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+	if (SPI_processed > 0)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[0];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		Datum		d;
+
+		d = SPI_getbinval(tup, desc, 1, &isnull);
+		if (!isnull)
+		{
+			policy->has_ttl = true;
+			policy->ttl = *DatumGetIntervalP(d);
+		}
+		d = SPI_getbinval(tup, desc, 2, &isnull);
+		if (!isnull)
+		{
+			policy->has_lock_timeout = true;
+			policy->lock_timeout = *DatumGetIntervalP(d);
+		}
+		d = SPI_getbinval(tup, desc, 3, &isnull);
+		policy->cache_server_errors = !isnull && DatumGetBool(d);
+		d = SPI_getbinval(tup, desc, 4, &isnull);
+		policy->takeover = !isnull && DatumGetBool(d);
+		d = SPI_getbinval(tup, desc, 5, &isnull);
+		if (!isnull)
+			policy->ignore = DatumGetArrayTypePCopy(d);
+	}
+
+	if (!cacheable)
+		return;
+	if (hash_get_num_entries(scope_cache) >= SCOPE_CACHE_MAX)
+	{
+		/* many scopes: start over rather than grow without bound */
+		keys_cache_valid = false;
+		return;
+	}
+	entry = hash_search(scope_cache, scope, HASH_ENTER, NULL);
+	entry->policy = *policy;
+	if (policy->ignore != NULL)
+	{
+		oldcxt = MemoryContextSwitchTo(keys_cache_cxt);
+		entry->policy.ignore =
+			DatumGetArrayTypePCopy(PointerGetDatum(policy->ignore));
+		MemoryContextSwitchTo(oldcxt);
+	}
+}
+
+/*
+ * idem_scopes_changed
+ *		Statement trigger on idempotency.scopes: sends a relcache
+ *		invalidation for the table so that every backend drops its cached
+ *		policies once this transaction commits (and this backend at its
+ *		next command).
+ */
+Datum
+idem_scopes_changed(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		elog(ERROR, "idem_scopes_changed: not called by trigger manager");
+	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	PG_RETURN_POINTER(NULL);
+}
+
+/* ----------------------------------------------------------------
+ * Reading and writing keys
+ * ----------------------------------------------------------------
+ */
+
+static void
+keys_new_token(pg_uuid_t *token)
+{
+	if (!pg_strong_random(token->data, UUID_LEN))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate a random lock token")));
+	/* version 4, variant RFC 4122, as gen_random_uuid() */
+	token->data[6] = (token->data[6] & 0x0f) | 0x40;
+	token->data[8] = (token->data[8] & 0x3f) | 0x80;
+}
+
+/*
+ * Fetch the key's row into *row (palloc'd in the current context).
+ *
+ * This is the hot read of every call, so it probes keys_pkey directly, as
+ * catalog lookups do, instead of running a saved SELECT: executor start-up
+ * would cost more than the probe.  The snapshot is the one a statement
+ * would get (a fresh one under READ COMMITTED, the transaction's under
+ * REPEATABLE READ), after a command-counter increment so that the calling
+ * transaction's own earlier writes are seen; with "latest", the latest
+ * snapshot, used under REPEATABLE READ to tell "no such key" from
+ * "committed after my snapshot".  Predicate locks for SERIALIZABLE are
+ * taken by the access methods as for any index scan.  AccessShareLock on
+ * the table and index is kept to the end of the transaction.
+ */
+static bool
+keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
+{
+	Relation	heap;
+	Relation	index;
+	ScanKeyData skey[3];
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	Snapshot	snapshot;
+	bool		found;
+	int			i;
+
+	CommandCounterIncrement();
+	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
+								GetTransactionSnapshot());
+	heap = table_open(keys_relid, AccessShareLock);
+	index = index_open(keys_pkey_relid, AccessShareLock);
+	for (i = 0; i < 3; i++)
+		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber,
+							   InvalidOid, index->rd_indcollation[i],
+							   F_TEXTEQ, id->values[i]);
+	slot = table_slot_create(heap, NULL);
+	scan = index_beginscan(heap, index, snapshot, 3, 0);
+	index_rescan(scan, skey, 3, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (found)
+	{
+		/* copy out of the buffer: the values outlive the scan */
+		HeapTuple	tuple = ExecCopySlotHeapTuple(slot);
+		TupleDesc	desc = RelationGetDescr(heap);
+		Datum	   *values = palloc(desc->natts * sizeof(Datum));
+		bool	   *nulls = palloc(desc->natts * sizeof(bool));
+
+#define KEYS_VALUE(a)	values[keys_attnum[a] - 1]
+#define KEYS_NULL(a)	nulls[keys_attnum[a] - 1]
+		heap_deform_tuple(tuple, desc, values, nulls);
+		row->fingerprint = DatumGetByteaPP(KEYS_VALUE(KEYS_ATT_FINGERPRINT));
+		row->status = DatumGetObjectId(KEYS_VALUE(KEYS_ATT_STATUS));
+		row->has_token = !KEYS_NULL(KEYS_ATT_LOCK_TOKEN);
+		if (row->has_token)
+			row->token = *DatumGetUUIDP(KEYS_VALUE(KEYS_ATT_LOCK_TOKEN));
+		row->has_locked_at = !KEYS_NULL(KEYS_ATT_LOCKED_AT);
+		row->locked_at = row->has_locked_at ?
+			DatumGetTimestampTz(KEYS_VALUE(KEYS_ATT_LOCKED_AT)) : 0;
+		row->has_recovery_point = !KEYS_NULL(KEYS_ATT_RECOVERY_POINT);
+		row->recovery_point = KEYS_VALUE(KEYS_ATT_RECOVERY_POINT);
+		row->has_response_code = !KEYS_NULL(KEYS_ATT_RESPONSE_CODE);
+		row->response_code = row->has_response_code ?
+			DatumGetInt32(KEYS_VALUE(KEYS_ATT_RESPONSE_CODE)) : 0;
+		row->has_body = !KEYS_NULL(KEYS_ATT_RESPONSE_BODY);
+		row->body = KEYS_VALUE(KEYS_ATT_RESPONSE_BODY);
+		row->has_headers = !KEYS_NULL(KEYS_ATT_RESPONSE_HEADERS);
+		row->headers = KEYS_VALUE(KEYS_ATT_RESPONSE_HEADERS);
+		row->needs_reconciliation = !KEYS_NULL(KEYS_ATT_NEEDS_RECONCILIATION) &&
+			DatumGetBool(KEYS_VALUE(KEYS_ATT_NEEDS_RECONCILIATION));
+		row->expires_at = DatumGetTimestampTz(KEYS_VALUE(KEYS_ATT_EXPIRES_AT));
+#undef KEYS_VALUE
+#undef KEYS_NULL
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, NoLock);
+	table_close(heap, NoLock);
+	UnregisterSnapshot(snapshot);
+	return found;
+}
+
+/* The SQL of a new reservation and of the reuse of an expired key. */
+#define RESERVE_ARGTYPES \
+	{TEXTOID, TEXTOID, TEXTOID, BYTEAOID, UUIDOID, TIMESTAMPTZOID, \
+	 TIMESTAMPTZOID}
+
+/*
+ * Insert a new reservation.  A plain INSERT, without ON CONFLICT: the
+ * caller holds the key's lock and has just seen no row with a fresh
+ * snapshot, so only a writer that bypasses the key functions could collide
+ * (and would get the unique violation it deserves); the speculative
+ * insertion's extra index probe is not worth paying on every new request.
+ */
+static void
+reserve_insert(Datum *values)
+{
+	Oid			argtypes[7] = RESERVE_ARGTYPES;
+
+	keys_plan(&plan_insert,
+			  "INSERT INTO idempotency.keys"
+			  " (tenant_id, scope, idem_key, fingerprint, lock_token, locked_at,"
+			  " created_at, expires_at)"
+			  " VALUES ($1, $2, $3, $4, $5, $6, $6, $7)",
+			  7, argtypes);
+	keys_exec(plan_insert, values, NULL, false);
+}
+
+/*
+ * Overwrite an expired, finished key: the retry is a new request.  Returns
+ * false if the row was deleted (by the reaper) since it was read.
+ */
+static bool
+reserve_renew(Datum *values)
+{
+	Oid			argtypes[7] = RESERVE_ARGTYPES;
+
+	keys_plan(&plan_renew,
+			  "UPDATE idempotency.keys SET fingerprint = $4,"
+			  " status = 'processing', lock_token = $5, locked_at = $6,"
+			  " recovery_point = NULL, response_code = NULL,"
+			  " response_body = NULL, response_headers = NULL,"
+			  " needs_reconciliation = false, created_at = $6,"
+			  " completed_at = NULL, expires_at = $7" KEY_WHERE,
+			  7, argtypes);
+	keys_exec(plan_renew, values, NULL, false);
+	return SPI_processed == 1;
+}
+
+static void
+reserve_takeover(KeyIdent *id, pg_uuid_t *token, TimestampTz now)
+{
+	Oid			argtypes[5] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID,
+	TIMESTAMPTZOID};
+	Datum		values[5];
+
+	keys_plan(&plan_takeover,
+			  "UPDATE idempotency.keys SET lock_token = $4, locked_at = $5"
+			  KEY_WHERE,
+			  5, argtypes);
+	memcpy(values, id->values, sizeof(id->values));
+	values[3] = UUIDPGetDatum(token);
+	values[4] = TimestampTzGetDatum(now);
+	keys_exec(plan_takeover, values, NULL, false);
+}
+
+static void
+reserve_flag_stale(KeyIdent *id)
+{
+	Oid			argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
+
+	keys_plan(&plan_flag,
+			  "UPDATE idempotency.keys SET needs_reconciliation = true"
+			  KEY_WHERE,
+			  3, argtypes);
+	keys_exec(plan_flag, id->values, NULL, false);
+}
+
+/*
+ * Decide the answer for a key whose row exists.  Returns true if it wrote
+ * (the caller then keeps the key's lock until the end of the transaction).
+ */
+static bool
+reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
+			   Datum *newvalues, Interval *lock_timeout,
+			   const ScopePolicy *policy, TimestampTz now,
+			   ReserveAnswer *ans)
+{
+	TimestampTz stale_at;
+
+	if (row->status != status_oids[STATUS_PROCESSING] && row->expires_at <= now)
+	{
+		/* expired: the same key is a new request */
+		keys_new_token(DatumGetUUIDP(newvalues[4]));
+		if (!reserve_renew(newvalues))
+		{
+			ans->outcome = OUTCOME_COUNT;	/* vanished: read again */
+			return false;
+		}
+		ans->outcome = OUTCOME_CREATED;
+		ans->has_token = true;
+		ans->token = *DatumGetUUIDP(newvalues[4]);
+		ans->has_expires_at = true;
+		ans->expires_at = DatumGetTimestampTz(newvalues[6]);
+		return true;
+	}
+
+	ans->has_expires_at = true;
+	ans->expires_at = row->expires_at;
+
+	if (VARSIZE_ANY_EXHDR(row->fingerprint) != IDEM_FINGERPRINT_LEN ||
+		memcmp(VARDATA_ANY(row->fingerprint), fingerprint,
+			   IDEM_FINGERPRINT_LEN) != 0)
+	{
+		ans->outcome = OUTCOME_MISMATCH;
+		ans->http_status = 422;
+		ans->has_expires_at = false;
+		return false;
+	}
+
+	if (row->status != status_oids[STATUS_PROCESSING])
+	{
+		ans->outcome = OUTCOME_REPLAY;
+		ans->http_status = row->response_code;
+		ans->has_response_code = row->has_response_code;
+		ans->response_code = row->response_code;
+		ans->has_body = row->has_body;
+		ans->body = row->body;
+		ans->has_headers = row->has_headers;
+		ans->headers = row->headers;
+		return false;
+	}
+
+	if (row->needs_reconciliation)
+	{
+		ans->outcome = OUTCOME_STALE;
+		ans->http_status = 409;
+		ans->has_recovery_point = row->has_recovery_point;
+		ans->recovery_point = row->recovery_point;
+		return false;
+	}
+
+	stale_at = row->has_locked_at ?
+		keys_add_interval(row->locked_at, lock_timeout) : 0;
+	if (stale_at > now)
+	{
+		int64		secs = (stale_at - now + USECS_PER_SEC - 1) / USECS_PER_SEC;
+
+		ans->outcome = OUTCOME_IN_PROGRESS;
+		ans->http_status = 409;
+		ans->retry_after = (int32) Max(1, Min(secs, RETRY_AFTER_MAX));
+		return false;
+	}
+
+	if (policy->takeover)
+	{
+		pg_uuid_t  *token = DatumGetUUIDP(newvalues[4]);
+
+		keys_new_token(token);
+		reserve_takeover(id, token, now);
+		ans->outcome = OUTCOME_CREATED;
+		ans->has_token = true;
+		ans->token = *token;
+		ans->has_recovery_point = row->has_recovery_point;
+		ans->recovery_point = row->recovery_point;
+		return true;
+	}
+
+	reserve_flag_stale(id);
+	ans->outcome = OUTCOME_STALE;
+	ans->http_status = 409;
+	ans->has_recovery_point = row->has_recovery_point;
+	ans->recovery_point = row->recovery_point;
+	return true;
+}
+
+/*
+ * One attempt at reserving, with the key's lock held.  The row is read
+ * first, with one direct probe: a replay costs only that, a new key that
+ * and a plain INSERT.  Under REPEATABLE READ a key not visible to the
+ * snapshot is looked up again with the latest snapshot, so that a key
+ * committed after the snapshot is reported with a hint instead of as a
+ * unique violation.  An expired row the reaper deletes under us is read
+ * again (at most RESERVE_ATTEMPTS times).
+ */
+static bool
+reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
+				Interval *lock_timeout, const ScopePolicy *policy,
+				TimestampTz now, ReserveAnswer *ans)
+{
+	bool		xact_snapshot = IsolationUsesXactSnapshot();
+	Datum		newvalues[7];
+	bytea	   *fp;
+	pg_uuid_t  *token;
+	TimestampTz expires_at;
+	int			attempt;
+	bool		wrote;
+
+	fp = (bytea *) palloc(VARHDRSZ + IDEM_FINGERPRINT_LEN);
+	SET_VARSIZE(fp, VARHDRSZ + IDEM_FINGERPRINT_LEN);
+	memcpy(VARDATA(fp), fingerprint, IDEM_FINGERPRINT_LEN);
+	/* the token is drawn only when a row is written (not for a replay) */
+	token = (pg_uuid_t *) palloc0(sizeof(pg_uuid_t));
+	expires_at = keys_add_interval(now, ttl);
+
+	memcpy(newvalues, id->values, sizeof(id->values));
+	newvalues[3] = PointerGetDatum(fp);
+	newvalues[4] = UUIDPGetDatum(token);
+	newvalues[5] = TimestampTzGetDatum(now);
+	newvalues[6] = TimestampTzGetDatum(expires_at);
+
+	for (attempt = 0; attempt < RESERVE_ATTEMPTS; attempt++)
+	{
+		KeyRow		row;
+		bool		found;
+
+		found = keys_fetch(id, false, &row);
+		if (!found && xact_snapshot)
+		{
+			if (keys_fetch(id, true, &row))
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access to idempotency key \"%s\"",
+								id->key),
+						 errdetail("The key was reserved by a transaction that committed after this transaction's snapshot was taken."),
+						 errhint("Retry the whole transaction: the retry will see the key and get its answer.")));
+		}
+		if (!found)
+		{
+			keys_new_token(token);
+			reserve_insert(newvalues);
+			ans->outcome = OUTCOME_CREATED;
+			ans->has_token = true;
+			ans->token = *token;
+			ans->has_expires_at = true;
+			ans->expires_at = expires_at;
+			return true;
+		}
+		wrote = reserve_decide(id, &row, fingerprint, newvalues, lock_timeout,
+							   policy, now, ans);
+		if (ans->outcome != OUTCOME_COUNT)
+			return wrote;
+		memset(ans, 0, sizeof(*ans));
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("could not reserve idempotency key \"%s\"", id->key),
+			 errdetail("The key was deleted concurrently %d times while being renewed.",
+					   RESERVE_ATTEMPTS),
+			 errhint("Retry the transaction.")));
+	return false;				/* keep compiler quiet */
+}
+
+static Datum
+reserve_answer_datum(ReserveAnswer *ans)
+{
+	Datum		values[9];
+	bool		nulls[9];
+	HeapTuple	tuple;
+
+	memset(nulls, 0, sizeof(nulls));
+	values[0] = ObjectIdGetDatum(outcome_oids[ans->outcome]);
+	values[1] = Int32GetDatum(ans->http_status);
+	nulls[1] = ans->http_status == 0;
+	values[2] = Int32GetDatum(ans->response_code);
+	nulls[2] = !ans->has_response_code;
+	values[3] = ans->body;
+	nulls[3] = !ans->has_body;
+	values[4] = ans->headers;
+	nulls[4] = !ans->has_headers;
+	values[5] = Int32GetDatum(ans->retry_after);
+	nulls[5] = ans->retry_after == 0;
+	values[6] = ans->recovery_point;
+	nulls[6] = !ans->has_recovery_point;
+	values[7] = UUIDPGetDatum(&ans->token);
+	nulls[7] = !ans->has_token;
+	values[8] = TimestampTzGetDatum(ans->expires_at);
+	nulls[8] = !ans->has_expires_at;
+	tuple = heap_form_tuple(reservation_desc, values, nulls);
+	return HeapTupleGetDatum(tuple);
+}
+
+static void
+reserve_count(KeyIdent *id, ReserveOutcome outcome)
+{
+	static const IdemCounter counters[OUTCOME_COUNT] = {
+		IDEM_STAT_CREATED, IDEM_STAT_REPLAYED, IDEM_STAT_IN_PROGRESS,
+		IDEM_STAT_MISMATCHED, IDEM_STAT_STALE
+	};
+
+	idem_stats_count(id->tenant, id->scope, counters[outcome], 1);
+}
+
+/*
+ * Shared body of both idem_reserve overloads.  Arguments: tenant, scope,
+ * key, request jsonb or fingerprint bytea, ttl, wait.  Takes the key's lock
+ * (kept to the end of the transaction only when the call wrote); writes
+ * the key's row for "created" and for a stale reservation.
+ */
+static Datum
+reserve_common(FunctionCallInfo fcinfo, bool from_request)
+{
+	KeyIdent	id;
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	Interval   *ttl_arg = NULL;
+	Interval	ttl;
+	Interval	lock_timeout;
+	int64		wait_usecs = 0;
+	ScopePolicy policy;
+	LOCKTAG		tag;
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	TimestampTz deadline = 0;
+	ReserveAnswer ans;
+	MemoryContext callcxt = CurrentMemoryContext;
+	Datum		result;
+	long		sleep_ms = 10;
+
+	keys_ident_from_args(fcinfo, &id);
+	if (PG_ARGISNULL(3))
+		keys_null_argument(from_request ? "request" : "fingerprint");
+	if (from_request)
+	{
+		Size		size = keys_datum_size(fcinfo, 3);
+
+		if (size > (Size) idem_max_request_size)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("request is too large to fingerprint"),
+					 errdetail("The request takes %zu bytes; idempotency.max_request_size is %d bytes.",
+							   size, idem_max_request_size),
+					 errhint("Send a smaller request, or raise idempotency.max_request_size.")));
+	}
+	else
+	{
+		bytea	   *fp = PG_GETARG_BYTEA_PP(3);
+
+		if (VARSIZE_ANY_EXHDR(fp) != IDEM_FINGERPRINT_LEN)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("fingerprint must be %d bytes long", IDEM_FINGERPRINT_LEN),
+					 errdetail("The fingerprint is %d bytes long.",
+							   (int) VARSIZE_ANY_EXHDR(fp)),
+					 errhint("Pass a SHA-256 digest, for example idem_fingerprint(request).")));
+		memcpy(fingerprint, VARDATA_ANY(fp), IDEM_FINGERPRINT_LEN);
+	}
+	if (!PG_ARGISNULL(4))
+	{
+		ttl_arg = PG_GETARG_INTERVAL_P(4);
+		if (keys_interval_usecs(ttl_arg) <= 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("ttl must be positive"),
+					 errhint("Pass how long the key must be kept, for example interval '1 day', or NULL for the scope's default.")));
+	}
+	if (!PG_ARGISNULL(5))
+	{
+		wait_usecs = keys_interval_usecs(PG_GETARG_INTERVAL_P(5));
+		if (wait_usecs < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("wait must not be negative"),
+					 errhint("Pass how long to wait for a concurrent attempt, for example interval '2 seconds', or 0 not to wait.")));
+	}
+
+	keys_ensure_cache();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+
+	keys_scope_policy(id.scope, &policy);
+	if (from_request)
+		idem_compute_fingerprint(PG_GETARG_JSONB_P(3), policy.ignore,
+								 fingerprint);
+	if (ttl_arg != NULL)
+		ttl = *ttl_arg;
+	else if (policy.has_ttl)
+		ttl = policy.ttl;
+	else
+		ttl = keys_seconds_interval(idem_default_ttl);
+	if (policy.has_lock_timeout)
+		lock_timeout = policy.lock_timeout;
+	else
+		lock_timeout = keys_seconds_interval(idem_default_lock_timeout);
+
+	keys_lock_tag(&tag, &id);
+	if (wait_usecs > 0)
+		deadline = GetCurrentTimestamp() + wait_usecs;
+
+	for (;;)
+	{
+		bool		wrote;
+
+		memset(&ans, 0, sizeof(ans));
+		if (!reserve_claim_lock(&tag, deadline))
+		{
+			/* the holder's transaction is still open */
+			ans.outcome = OUTCOME_IN_PROGRESS;
+			ans.http_status = 409;
+			ans.retry_after = 1;
+			break;
+		}
+		wrote = reserve_attempt(&id, fingerprint, &ttl, &lock_timeout,
+								&policy, now, &ans);
+		if (!wrote)
+			LockRelease(&tag, ExclusiveLock, false);
+
+		/*
+		 * A committed reservation still at work: with time left to wait,
+		 * look again (each statement sees newly committed rows only under
+		 * READ COMMITTED).
+		 */
+		if (ans.outcome == OUTCOME_IN_PROGRESS && deadline != 0 &&
+			!IsolationUsesXactSnapshot() && GetCurrentTimestamp() < deadline)
+		{
+			reserve_sleep(deadline, &sleep_ms);
+			continue;
+		}
+		break;
+	}
+
+	reserve_count(&id, ans.outcome);
+
+	MemoryContextSwitchTo(callcxt);
+	result = reserve_answer_datum(&ans);
+	SPI_finish();
+	PG_RETURN_DATUM(result);
+}
+
+/*
+ * idem_reserve(tenant, scope, key, request jsonb, ttl, wait)
+ *		Reserve a key for a request; the fingerprint is computed from the
+ *		request minus the scope's fingerprint_ignore members.
+ */
+Datum
+idem_reserve_request(PG_FUNCTION_ARGS)
+{
+	return reserve_common(fcinfo, true);
+}
+
+/*
+ * idem_reserve(tenant, scope, key, fingerprint bytea, ttl, wait)
+ *		As above, with a fingerprint the application computed (32 bytes).
+ */
+Datum
+idem_reserve_fingerprint(PG_FUNCTION_ARGS)
+{
+	return reserve_common(fcinfo, false);
+}
+
+/* ----------------------------------------------------------------
+ * Completing, checkpointing and releasing
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Explain why a fenced write on the key matched no row: no reservation
+ * (P0002), another attempt's lock token (55006; checked before the status,
+ * since a superseded attempt must learn that it was superseded even when
+ * the new holder has already finished), or already completed (55000).
+ * Always raises.
+ */
+static void
+keys_explain_no_match(KeyIdent *id, pg_uuid_t *token, const char *action)
+{
+	KeyRow		row;
+	int			i;
+
+	if (!keys_fetch(id, false, &row))
+		ereport(ERROR,
+				(errcode(ERRCODE_NO_DATA_FOUND),
+				 errmsg("idempotency key \"%s\" has no reservation to %s",
+						id->key, action),
+				 errdetail("No key \"%s\" exists in scope \"%s\" for this tenant.",
+						   id->key, id->scope),
+				 errhint("Call idem_reserve() first and do the work only when it answers \"created\"; the reservation may also have been released or have expired.")));
+	if (token != NULL &&
+		(!row.has_token || memcmp(row.token.data, token->data, UUID_LEN) != 0))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_IN_USE),
+				 errmsg("lock_token does not match the reservation of idempotency key \"%s\"",
+						id->key),
+				 errdetail("The reservation was taken over by a later attempt after its lock timed out."),
+				 errhint("Abandon this attempt without storing its result; the attempt holding the new lock_token finishes the key.")));
+	if (row.status != status_oids[STATUS_PROCESSING])
+	{
+		const char *label = "completed";
+
+		for (i = 0; i < STATUS_COUNT; i++)
+			if (row.status == status_oids[i])
+				label = status_labels[i];
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency key \"%s\" is already completed", id->key),
+				 errdetail("Its status is \"%s\" and its response is stored.",
+						   label),
+				 errhint("A key is completed once; a retry gets the stored response from idem_reserve().")));
+	}
+	elog(ERROR, "idempotency key \"%s\" matched no reservation to %s", id->key, action);
+}
+
+/* Lock a key for a write, waiting for a concurrent holder like any lock. */
+static void
+keys_lock_wait(KeyIdent *id)
+{
+	LOCKTAG		tag;
+
+	keys_lock_tag(&tag, id);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+}
+
+/*
+ * Store the response of a processing key, or delete the reservation for a
+ * 5xx the scope does not cache.  With "token" set, only the reservation
+ * holding that lock token matches (fencing).  Returns the new status, or
+ * InvalidOid when the reservation was released.
+ */
+static Oid
+keys_finish(KeyIdent *id, int32 code, Datum body, bool body_null,
+			Datum headers, bool headers_null, pg_uuid_t *token,
+			const char *action)
+{
+	Datum		values[9];
+	char		nulls[9];
+
+	memcpy(values, id->values, sizeof(id->values));
+	memset(nulls, ' ', sizeof(nulls));
+
+	if (code >= 500)
+	{
+		ScopePolicy policy;
+
+		keys_scope_policy(id->scope, &policy);
+		if (!policy.cache_server_errors)
+		{
+			Oid			argtypes[4] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID};
+
+			keys_plan(&plan_delete,
+					  "DELETE FROM idempotency.keys" KEY_WHERE
+					  " AND status = 'processing'"
+					  " AND ($4::pg_catalog.uuid IS NULL OR lock_token = $4)",
+					  4, argtypes);
+			values[3] = UUIDPGetDatum(token);
+			nulls[3] = token == NULL ? 'n' : ' ';
+			keys_exec(plan_delete, values, nulls, false);
+			if (SPI_processed == 0)
+				keys_explain_no_match(id, token, action);
+			idem_stats_count(id->tenant, id->scope, IDEM_STAT_RELEASED, 1);
+			return InvalidOid;
+		}
+	}
+
+	{
+		Oid			argtypes[9] = {TEXTOID, TEXTOID, TEXTOID, BOOLOID, INT4OID,
+		JSONBOID, JSONBOID, TIMESTAMPTZOID, UUIDOID};
+		bool		succeeded = code < 400;
+
+		keys_plan(&plan_complete,
+				  "UPDATE idempotency.keys SET"
+				  " status = CASE WHEN $4 THEN 'succeeded'::idempotency.status"
+				  " ELSE 'failed'::idempotency.status END,"
+				  " response_code = $5, response_body = $6,"
+				  " response_headers = $7, completed_at = $8,"
+				  " needs_reconciliation = false" KEY_WHERE
+				  " AND status = 'processing'"
+				  " AND ($9::pg_catalog.uuid IS NULL OR lock_token = $9)",
+				  9, argtypes);
+		values[3] = BoolGetDatum(succeeded);
+		values[4] = Int32GetDatum(code);
+		values[5] = body;
+		nulls[5] = body_null ? 'n' : ' ';
+		values[6] = headers;
+		nulls[6] = headers_null ? 'n' : ' ';
+		values[7] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+		values[8] = UUIDPGetDatum(token);
+		nulls[8] = token == NULL ? 'n' : ' ';
+		keys_exec(plan_complete, values, nulls, false);
+		if (SPI_processed == 0)
+			keys_explain_no_match(id, token, action);
+		idem_stats_count(id->tenant, id->scope, IDEM_STAT_COMPLETED, 1);
+		return status_oids[succeeded ? STATUS_SUCCEEDED : STATUS_FAILED];
+	}
+}
+
+/*
+ * idem_complete(tenant, scope, key, response_code, response_body,
+ *				 response_headers, lock_token) RETURNS idempotency.status
+ *		Store the response of a reservation: 2xx/3xx succeeded, 4xx failed,
+ *		5xx released (NULL) unless the scope caches server errors.  Waits
+ *		for the key's lock; writes the key's row.
+ */
+Datum
+idem_complete(PG_FUNCTION_ARGS)
+{
+	KeyIdent	id;
+	pg_uuid_t  *token = PG_ARGISNULL(6) ? NULL : PG_GETARG_UUID_P(6);
+	Oid			status;
+
+	keys_ident_from_args(fcinfo, &id);
+	keys_check_response(fcinfo, 3, 4, 5);
+
+	keys_ensure_cache();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	keys_lock_wait(&id);
+	status = keys_finish(&id, PG_GETARG_INT32(3),
+						 PG_GETARG_DATUM(4), PG_ARGISNULL(4),
+						 PG_GETARG_DATUM(5), PG_ARGISNULL(5), token,
+						 "complete");
+	SPI_finish();
+	if (!OidIsValid(status))
+		PG_RETURN_NULL();
+	PG_RETURN_OID(status);
+}
+
+/*
+ * idem_resolve(tenant, scope, key, response_code, response_body)
+ *		Operator's end of a reconciliation: store the outcome found for a
+ *		processing key, whoever holds it, as idem_complete would, and clear
+ *		needs_reconciliation.  Waits for the key's lock; writes its row.
+ */
+Datum
+idem_resolve(PG_FUNCTION_ARGS)
+{
+	KeyIdent	id;
+	Oid			status;
+
+	keys_ident_from_args(fcinfo, &id);
+	keys_check_response(fcinfo, 3, 4, -1);
+
+	keys_ensure_cache();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	keys_lock_wait(&id);
+	status = keys_finish(&id, PG_GETARG_INT32(3),
+						 PG_GETARG_DATUM(4), PG_ARGISNULL(4),
+						 (Datum) 0, true, NULL, "resolve");
+	SPI_finish();
+	if (!OidIsValid(status))
+		PG_RETURN_NULL();
+	PG_RETURN_OID(status);
+}
+
+/*
+ * idem_checkpoint(tenant, scope, key, recovery_point, lock_token)
+ *		Record how far a two-phase attempt has got, and renew its lock
+ *		(locked_at): an attempt that checkpoints is alive.  Waits for the
+ *		key's lock; writes its row.
+ */
+Datum
+idem_checkpoint(PG_FUNCTION_ARGS)
+{
+	KeyIdent	id;
+	Oid			argtypes[6] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID,
+	TIMESTAMPTZOID, UUIDOID};
+	Datum		values[6];
+	char		nulls[6] = "      ";
+
+	keys_ident_from_args(fcinfo, &id);
+	if (PG_ARGISNULL(3))
+		keys_null_argument("recovery_point");
+
+	keys_ensure_cache();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	keys_lock_wait(&id);
+	keys_plan(&plan_checkpoint,
+			  "UPDATE idempotency.keys SET recovery_point = $4, locked_at = $5"
+			  KEY_WHERE " AND status = 'processing'"
+			  " AND ($6::pg_catalog.uuid IS NULL OR lock_token = $6)",
+			  6, argtypes);
+	memcpy(values, id.values, sizeof(id.values));
+	values[3] = PG_GETARG_DATUM(3);
+	values[4] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+	values[5] = PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4);
+	nulls[5] = PG_ARGISNULL(4) ? 'n' : ' ';
+	keys_exec(plan_checkpoint, values, nulls, false);
+	if (SPI_processed == 0)
+		keys_explain_no_match(&id, PG_ARGISNULL(4) ? NULL : PG_GETARG_UUID_P(4), "checkpoint");
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_release(tenant, scope, key, lock_token)
+ *		Give a reservation up without caching anything: the row is deleted
+ *		and a retry runs afresh.  Waits for the key's lock; deletes its row.
+ */
+Datum
+idem_release(PG_FUNCTION_ARGS)
+{
+	KeyIdent	id;
+	Oid			argtypes[4] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID};
+	Datum		values[4];
+	char		nulls[4] = "    ";
+
+	keys_ident_from_args(fcinfo, &id);
+
+	keys_ensure_cache();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	keys_lock_wait(&id);
+	keys_plan(&plan_delete,
+			  "DELETE FROM idempotency.keys" KEY_WHERE
+			  " AND status = 'processing'"
+			  " AND ($4::pg_catalog.uuid IS NULL OR lock_token = $4)",
+			  4, argtypes);
+	memcpy(values, id.values, sizeof(id.values));
+	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
+	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
+	keys_exec(plan_delete, values, nulls, false);
+	if (SPI_processed == 0)
+		keys_explain_no_match(&id, PG_ARGISNULL(3) ? NULL : PG_GETARG_UUID_P(3), "release");
+	idem_stats_count(id.tenant, id.scope, IDEM_STAT_RELEASED, 1);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_lookup(tenant, scope, key) RETURNS SETOF idempotency.keys
+ *		The key's row, if any, as it is now; no lock, no write.
+ */
+Datum
+idem_lookup(PG_FUNCTION_ARGS)
+{
+	FuncCallContext *funcctx;
+
+	if (SRF_IS_FIRSTCALL())
+	{
+		KeyIdent	id;
+		Oid			argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
+		MemoryContext oldcxt;
+		bool		isnull;
+
+		funcctx = SRF_FIRSTCALL_INIT();
+		keys_ident_from_args(fcinfo, &id);
+
+		/* SPI_datumTransfer copies into the context current at connect */
+		oldcxt = MemoryContextSwitchTo(funcctx->multi_call_memory_ctx);
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		keys_plan(&plan_lookup,
+				  "SELECT k FROM idempotency.keys k" KEY_WHERE,
+				  3, argtypes);
+		keys_exec(plan_lookup, id.values, NULL, true);
+		funcctx->max_calls = SPI_processed;
+		if (SPI_processed > 0)
+		{
+			Datum		d = SPI_getbinval(SPI_tuptable->vals[0],
+										  SPI_tuptable->tupdesc, 1, &isnull);
+
+			d = SPI_datumTransfer(d, false, -1);
+			funcctx->user_fctx = DatumGetPointer(d);
+		}
+		SPI_finish();
+		MemoryContextSwitchTo(oldcxt);
+	}
+
+	funcctx = SRF_PERCALL_SETUP();
+	if (funcctx->call_cntr < funcctx->max_calls)
+		SRF_RETURN_NEXT(funcctx, PointerGetDatum(funcctx->user_fctx));
+	SRF_RETURN_DONE(funcctx);
+}

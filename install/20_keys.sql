@@ -1,2 +1,226 @@
 
 /* ---- keys.c: reserve, complete, replay ---- */
+
+/*
+ * User-facing functions: SECURITY DEFINER with a fixed search_path, so they
+ * reach idempotency.keys (not readable by PUBLIC) and never depend on the
+ * caller's search_path.  Not STRICT: a NULL argument is an error with a
+ * hint, not a silent NULL.
+ */
+CREATE FUNCTION idem_reserve(tenant text, scope text, key text, request jsonb,
+                             ttl interval DEFAULT NULL,
+                             wait interval DEFAULT '0')
+RETURNS idempotency.reservation
+AS 'MODULE_PATHNAME', 'idem_reserve_request'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval) IS
+'reserve an idempotency key for a request: created, replay, in_progress, mismatch or stale';
+
+CREATE FUNCTION idem_reserve(tenant text, scope text, key text, fingerprint bytea,
+                             ttl interval DEFAULT NULL,
+                             wait interval DEFAULT '0')
+RETURNS idempotency.reservation
+AS 'MODULE_PATHNAME', 'idem_reserve_fingerprint'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION idem_reserve(text, text, text, bytea, interval, interval) IS
+'reserve an idempotency key for a request whose SHA-256 fingerprint the caller computed';
+
+CREATE FUNCTION idem_complete(tenant text, scope text, key text,
+                              response_code int, response_body jsonb,
+                              response_headers jsonb DEFAULT NULL,
+                              lock_token uuid DEFAULT NULL)
+RETURNS idempotency.status
+AS 'MODULE_PATHNAME', 'idem_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION idem_complete(text, text, text, int, jsonb, jsonb, uuid) IS
+'store the response of a reservation (2xx/3xx succeeded, 4xx failed, 5xx released unless cached)';
+
+CREATE FUNCTION idem_checkpoint(tenant text, scope text, key text,
+                                recovery_point text, lock_token uuid DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_checkpoint'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION idem_checkpoint(text, text, text, text, uuid) IS
+'record the recovery point of a two-phase reservation and renew its lock';
+
+CREATE FUNCTION idem_release(tenant text, scope text, key text,
+                             lock_token uuid DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_release'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION idem_release(text, text, text, uuid) IS
+'give a reservation up without storing a response: a retry runs afresh';
+
+CREATE FUNCTION idem_lookup(tenant text, scope text, key text)
+RETURNS SETOF idempotency.keys
+AS 'MODULE_PATHNAME', 'idem_lookup'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER ROWS 1
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION idem_lookup(text, text, text) IS
+'the row of an idempotency key, without side effects';
+
+/* Admin: an operator's verdict on a reservation flagged for reconciliation. */
+CREATE FUNCTION idem_resolve(tenant text, scope text, key text,
+                             response_code int, response_body jsonb)
+RETURNS idempotency.status
+AS 'MODULE_PATHNAME', 'idem_resolve'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION idem_resolve(text, text, text, int, jsonb) IS
+'store the outcome an operator established for a processing key and clear needs_reconciliation';
+
+REVOKE EXECUTE ON FUNCTION idem_resolve(text, text, text, int, jsonb) FROM PUBLIC;
+
+/*
+ * Admin: set a scope's policy.  "options" is a JSON object with any of ttl,
+ * lock_timeout (interval text or seconds), cache_server_errors (boolean),
+ * stale_action ("fail" or "takeover") and fingerprint_ignore (array of JSON
+ * Pointers); a member set to null goes back to the default, members not
+ * given keep their value.  Everything is checked before the row is written.
+ */
+CREATE FUNCTION idem_configure_scope(scope text, options jsonb)
+RETURNS idempotency.scopes
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    valid constant text[] := ARRAY['ttl', 'lock_timeout', 'cache_server_errors',
+                                   'stale_action', 'fingerprint_ignore'];
+    unknown text;
+    opt text;
+    v jsonb;
+    iv interval;
+    p_ttl interval;
+    p_lock_timeout interval;
+    p_cache bool := false;
+    p_stale idempotency.stale_action := 'fail';
+    p_ignore text[];
+    result idempotency.scopes;
+BEGIN
+    IF scope IS NULL OR scope = '' THEN
+        RAISE EXCEPTION 'scope must not be null or empty'
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Pass the name of the scope to configure.';
+    END IF;
+    IF options IS NULL OR pg_catalog.jsonb_typeof(options) <> 'object' THEN
+        RAISE EXCEPTION 'scope options must be a JSON object'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass an object such as {"ttl": "1 day", "stale_action": "takeover"}.';
+    END IF;
+    SELECT k INTO unknown
+      FROM pg_catalog.jsonb_object_keys(options) AS k
+     WHERE k <> ALL (valid)
+     ORDER BY k LIMIT 1;
+    IF unknown IS NOT NULL THEN
+        RAISE EXCEPTION 'unknown scope option "%"', unknown
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'Valid options are: ' || pg_catalog.array_to_string(valid, ', ') || '.';
+    END IF;
+
+    FOREACH opt IN ARRAY ARRAY['ttl', 'lock_timeout'] LOOP
+        v := options -> opt;
+        CONTINUE WHEN v IS NULL OR v = 'null';
+        IF pg_catalog.jsonb_typeof(v) NOT IN ('string', 'number') THEN
+            RAISE EXCEPTION 'scope option "%" must be an interval', opt
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass an interval as text, such as "1 day", or a number of seconds.';
+        END IF;
+        IF pg_catalog.jsonb_typeof(v) = 'number' THEN
+            iv := pg_catalog.make_interval(secs => (v #>> '{}')::float8);
+        ELSE
+            iv := (v #>> '{}')::interval;
+        END IF;
+        IF iv <= interval '0' THEN
+            RAISE EXCEPTION 'scope option "%" must be positive', opt
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass a positive interval, or null for the default.';
+        END IF;
+        IF opt = 'ttl' THEN
+            p_ttl := iv;
+        ELSE
+            p_lock_timeout := iv;
+        END IF;
+    END LOOP;
+
+    v := options -> 'cache_server_errors';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'boolean' THEN
+            RAISE EXCEPTION 'scope option "cache_server_errors" must be a boolean'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass true to store and replay 5xx responses, false to release the key on them.';
+        END IF;
+        p_cache := v::text::bool;
+    END IF;
+
+    v := options -> 'stale_action';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'string'
+           OR (v #>> '{}') NOT IN ('fail', 'takeover') THEN
+            RAISE EXCEPTION 'scope option "stale_action" must be "fail" or "takeover"'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Use "fail" to flag stale reservations for reconciliation, "takeover" to hand them to the next attempt.';
+        END IF;
+        p_stale := (v #>> '{}')::idempotency.stale_action;
+    END IF;
+
+    v := options -> 'fingerprint_ignore';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'array'
+           OR EXISTS (SELECT FROM pg_catalog.jsonb_array_elements(v) AS e
+                       WHERE pg_catalog.jsonb_typeof(e) <> 'string'
+                          OR pg_catalog.left(e #>> '{}', 1) <> '/') THEN
+            RAISE EXCEPTION 'scope option "fingerprint_ignore" must be an array of JSON Pointers'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass RFC 6901 pointers to the request members to leave out, such as ["/timestamp", "/meta/trace_id"].';
+        END IF;
+        SELECT pg_catalog.array_agg(e ORDER BY n) INTO p_ignore
+          FROM pg_catalog.jsonb_array_elements_text(v) WITH ORDINALITY AS a(e, n);
+        -- the fingerprint module's own checks of the pointers, before the write
+        PERFORM @extschema@.idem_fingerprint('{}'::jsonb, p_ignore);
+    END IF;
+
+    INSERT INTO idempotency.scopes AS s
+           (scope, ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore)
+    VALUES (idem_configure_scope.scope, p_ttl, p_lock_timeout, p_cache, p_stale, p_ignore)
+    ON CONFLICT ON CONSTRAINT scopes_pkey DO UPDATE SET
+        ttl = CASE WHEN options ? 'ttl' THEN EXCLUDED.ttl ELSE s.ttl END,
+        lock_timeout = CASE WHEN options ? 'lock_timeout' THEN EXCLUDED.lock_timeout ELSE s.lock_timeout END,
+        cache_server_errors = CASE WHEN options ? 'cache_server_errors' THEN EXCLUDED.cache_server_errors ELSE s.cache_server_errors END,
+        stale_action = CASE WHEN options ? 'stale_action' THEN EXCLUDED.stale_action ELSE s.stale_action END,
+        fingerprint_ignore = CASE WHEN options ? 'fingerprint_ignore' THEN EXCLUDED.fingerprint_ignore ELSE s.fingerprint_ignore END
+    RETURNING s.* INTO result;
+    RETURN result;
+END
+$$;
+
+COMMENT ON FUNCTION idem_configure_scope(text, jsonb) IS
+'set the policy of a scope: ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore';
+
+REVOKE EXECUTE ON FUNCTION idem_configure_scope(text, jsonb) FROM PUBLIC;
+
+/*
+ * Every backend caches scope policies; a change to the table sends a
+ * relcache invalidation for it so that they all drop the cache.
+ */
+CREATE FUNCTION idempotency.scopes_changed()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_scopes_changed'
+LANGUAGE C;
+
+REVOKE EXECUTE ON FUNCTION idempotency.scopes_changed() FROM PUBLIC;
+
+CREATE TRIGGER scopes_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.scopes
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.scopes_changed();

@@ -18,7 +18,7 @@ done
 if [ -x examples/payments/demo.sh ]; then
     echo
     echo "################ examples/payments: an HTTP payments API"
-    examples/payments/demo.sh
+    PGDATABASE=demo examples/payments/demo.sh
 fi
 echo
 echo "demo: done"

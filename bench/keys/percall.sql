@@ -1,0 +1,24 @@
+-- Server-side cost of one replay call, without the client round trip:
+-- 50000 calls in one statement, as microseconds per call.
+CREATE TEMP TABLE percall (variant text, usecs float8);
+DO $$
+DECLARE
+    t0 timestamptz;
+    n int;
+    body jsonb := '{"customer": "cus_42", "amount": 19.99, "currency": "EUR", "items": [{"sku": "A-1", "qty": 2}, {"sku": "B-7", "qty": 1}]}';
+BEGIN
+    FOR round IN 1..2 LOOP
+        t0 := clock_timestamp();
+        SELECT count(*) INTO n FROM generate_series(1, 50000) g,
+               LATERAL idem_reserve('bench', 'orders', 'r-' || (g % 10000 + 1), body) r
+         WHERE r.outcome = 'replay';
+        INSERT INTO percall VALUES ('replay_ext', extract(epoch FROM clock_timestamp() - t0) * 1e6 / 50000);
+        t0 := clock_timestamp();
+        SELECT count(*) INTO n FROM generate_series(1, 50000) g,
+               LATERAL naive_reserve('bench', 'orders', 'r-' || (g % 10000 + 1), body) r
+         WHERE r.outcome = 'replay';
+        INSERT INTO percall VALUES ('replay_plpgsql', extract(epoch FROM clock_timestamp() - t0) * 1e6 / 50000);
+    END LOOP;
+END
+$$;
+SELECT variant, round(min(usecs)::numeric, 1) AS usecs_per_call FROM percall GROUP BY 1 ORDER BY 1;

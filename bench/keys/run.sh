@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# bench/keys: the key lifecycle against the baselines, in one cluster and one
+# run.  Run by bench/run.sh (as postgres, PG* set, cwd bench/keys).
+#
+#   new request: BEGIN; reserve; INSERT order; INSERT event; complete; COMMIT
+#   replay:      reserve of a completed key
+#
+# Baselines: "plpgsql" (a naive PL/pgSQL implementation, setup.sql), "sql"
+# (the same statements sent as bare SQL) and, for new requests, "none" (the
+# business transaction without idempotency).  Each variant runs twice,
+# interleaved; ratios are taken within a round and averaged.  New requests are measured with
+# durable commits (the WAL flush of each commit dominates them) and again
+# with synchronous_commit = off ("_async"), which shows the CPU cost of
+# each implementation.  DURATION and CLIENTS override the defaults (10 s,
+# 4 clients on 2 threads).
+set -euo pipefail
+cd "$(dirname "$0")"
+DURATION=${DURATION:-10}
+CLIENTS=${CLIENTS:-4}
+
+psql -X -q -v ON_ERROR_STOP=1 -d postgres -f setup.sql >/dev/null
+
+tps() {
+    local opts=
+    case $1 in *_async) opts="-c synchronous_commit=off" ;; esac
+    PGOPTIONS="$opts" pgbench -n -M prepared -c "$CLIENTS" -j 2 -T "$DURATION" \
+        -f "${1%_async}.sql" bench_keys 2>/dev/null |
+        awk '/^tps/ {printf "%.0f", $3}'
+}
+
+declare -A tps_of
+variants="new_ext new_plpgsql new_sql new_none replay_ext replay_plpgsql replay_sql
+          new_ext_async new_plpgsql_async new_sql_async new_none_async"
+reversed=$(echo $variants | tr ' ' '\n' | tac | tr '\n' ' ')
+for round in 1 2; do
+    # the second round runs in reverse order, so that no variant always
+    # runs first (A B ... B A)
+    order=$variants
+    [ "$round" = 2 ] && order=$reversed
+    for v in $order; do
+        tps_of[$v.$round]=$(tps "$v")
+        echo "round $round  $v: ${tps_of[$v.$round]} tps"
+    done
+done
+
+# the server-side cost of a replay call, without the client round trip
+percall=$(psql -X -q -At -F ' ' -d bench_keys -f percall.sql)
+pc_ext=$(echo "$percall" | awk '$1 == "replay_ext" {print $2}')
+pc_plpgsql=$(echo "$percall" | awk '$1 == "replay_plpgsql" {print $2}')
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+
+# The machine is shared: a ratio is taken within a round (the two runs are
+# next to each other in time), and the two rounds' ratios are averaged.
+compare() {
+    local label=$1 a=$2 b=$3 target=${4:-}
+    local r1 r2
+    r1=$(ratio "${tps_of[$a.1]}" "${tps_of[$b.1]}")
+    r2=$(ratio "${tps_of[$a.2]}" "${tps_of[$b.2]}")
+    printf '%-58s %sx (rounds: %s, %s)%s\n' "$label" \
+        "$(awk -v x="$r1" -v y="$r2" 'BEGIN { printf "%.2f", (x + y) / 2 }')" \
+        "$r1" "$r2" "${target:+ target $target}"
+}
+
+echo
+echo "keys: $CLIENTS clients, ${DURATION}s per run, two interleaved rounds, -M prepared"
+printf '%-22s %10s %10s\n' "workload" "round 1" "round 2"
+for v in $variants; do
+    printf '%-22s %10s %10s\n' "$v" "${tps_of[$v.1]}" "${tps_of[$v.2]}"
+done
+echo
+compare "new request vs naive PL/pgSQL (durable commits):" new_ext new_plpgsql ">= 1.4"
+compare "new request vs bare SQL (durable commits):" new_ext new_sql ">= 1.0"
+compare "new request vs no idempotency (durable commits):" new_ext new_none
+compare "new request vs naive PL/pgSQL (synchronous_commit off):" new_ext_async new_plpgsql_async
+compare "new request vs bare SQL (synchronous_commit off):" new_ext_async new_sql_async
+compare "new request vs no idempotency (synchronous_commit off):" new_ext_async new_none_async
+compare "replay vs naive PL/pgSQL:" replay_ext replay_plpgsql ">= 1.5"
+compare "replay vs bare SQL:" replay_ext replay_sql
+echo
+echo "replay, server-side cost per call (50000 calls in one statement, best of 2):"
+echo "  idem_reserve ${pc_ext} us, naive PL/pgSQL ${pc_plpgsql} us: $(ratio "$pc_plpgsql" "$pc_ext")x"
+psql -X -q -d postgres -c 'DROP DATABASE bench_keys'

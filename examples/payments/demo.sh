@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Walk through the example payments API with curl: a charge, its replay, a
+# mismatch, a concurrent duplicate, and the outbox delivering the capture to
+# the provider exactly once.  Needs a database with the idempotency extension
+# (libpq environment: PGHOST, PGPORT, PGDATABASE, ...); run by "make demo".
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=/usr/bin/python3
+: "${PGDATABASE:=demo}"
+export PGDATABASE
+
+free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+SVC_PORT=$(free_port)
+PRV_PORT=$(free_port)
+export PAYMENTS_DSN="dbname=$PGDATABASE" PROVIDER_URL="http://127.0.0.1:$PRV_PORT"
+LOGS=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$LOGS"; }
+trap cleanup EXIT
+
+psql -X -q -v ON_ERROR_STOP=1 -f schema.sql
+PROVIDER_PORT=$PRV_PORT $PY provider.py 2>"$LOGS/provider.log" & pids+=($!)
+# one second of simulated work inside the transaction makes the concurrent
+# duplicate below visible
+PAYMENTS_PORT=$SVC_PORT PAYMENTS_PROCESSING_DELAY=1 $PY service.py 2>"$LOGS/service.log" & pids+=($!)
+for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$SVC_PORT/healthz" && break; sleep 0.1; done
+
+API="http://127.0.0.1:$SVC_PORT/v1/charges"
+charge() {  # charge KEY BODY
+    echo "\$ curl -X POST $API -H 'Authorization: Bearer tok_acme' -H 'Idempotency-Key: $1' -d '$2'"
+    curl -s -i -X POST "$API" -H 'Authorization: Bearer tok_acme' \
+        -H "Idempotency-Key: $1" -H 'Content-Type: application/json' -d "$2" \
+        | grep -v -i -E '^(date|server|content-length):' | tr -d '\r'
+    echo; echo
+}
+
+echo "== 1. a new charge: 201, one row in payments.charges, one outbox row"
+charge order-1001 '{"amount": 42.50, "currency": "EUR", "customer": "cus_7"}'
+echo "== 2. the client retries (keys reordered, 42.5 spelt differently): the stored answer is replayed"
+charge order-1001 '{"customer": "cus_7", "currency": "EUR", "amount": 42.5}'
+echo "== 3. same key, different amount: 422"
+charge order-1001 '{"amount": 99.00, "currency": "EUR", "customer": "cus_7"}'
+echo "== 4. no Idempotency-Key: 400"
+echo "\$ curl -X POST $API -H 'Authorization: Bearer tok_acme' -d '...'"
+curl -s -X POST "$API" -H 'Authorization: Bearer tok_acme' -d '{"amount": 1.00, "currency": "EUR", "customer": "cus_7"}'
+echo; echo
+echo "== 5. two copies of one request at once: one charges, the other gets 409 + Retry-After"
+charge order-1002 '{"amount": 10.00, "currency": "USD", "customer": "cus_8"}' >"$LOGS/a" &
+first=$!
+sleep 0.3
+charge order-1002 '{"amount": 10.00, "currency": "USD", "customer": "cus_8"}' >"$LOGS/b"
+wait $first
+cat "$LOGS/a" "$LOGS/b"
+echo "== charges so far (one per key):"
+psql -X -c "SELECT id, tenant_id, idem_key, amount, currency, status FROM payments.charges ORDER BY id"
+
+echo "== 6. the worker claims the outbox and captures each charge at the provider, once"
+WORKER_NAME=demo-worker WORKER_LEASE=5 $PY worker.py 2>"$LOGS/worker.log" & pids+=($!)
+for _ in $(seq 50); do
+    [ "$(psql -X -Atc "SELECT count(*) FROM idempotency.outbox WHERE status <> 'done'")" = 0 ] && break
+    sleep 0.2
+done
+psql -X -c "SELECT id, topic, idem_key, status, attempts, provider_ref FROM idempotency.outbox WHERE topic = 'charge.capture' ORDER BY id"
+psql -X -c "SELECT id, idem_key, status, provider_ref FROM payments.charges ORDER BY id"
+echo "\$ curl $PROVIDER_URL/_ledger"
+curl -s "$PROVIDER_URL/_ledger"; echo

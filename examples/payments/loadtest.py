@@ -1,0 +1,140 @@
+#!/usr/bin/python3
+"""Concurrent retrying clients for the example payments service.
+
+For each of --keys idempotency keys, --clients threads send the same charge
+--repeats times with random delays, retrying 409 / 503 / connection errors
+with the same key until they get a final answer (bounded by --deadline).
+After its first final answer a client also sends, with --mismatch-rate
+probability, the same key with a changed amount, which must be refused with
+422.  Keys alternate between two tenants, and the same key string is used
+by both, so tenants must not see each other's answers.
+
+Prints one JSON summary on stdout: for every (tenant, key) the distinct
+final answers (status, body, headers minus Date) and the statuses of the
+changed-body requests; plus counts per status.  The caller checks them.
+"""
+
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+TOKENS = {"acme": "tok_acme", "globex": "tok_globex"}
+
+
+def post(url, tenant, key, body, timeout=10):
+    req = urllib.request.Request(
+        url + "/v1/charges", data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json",
+                 "Authorization": "Bearer " + TOKENS[tenant],
+                 "Idempotency-Key": key})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--keys", type=int, default=20)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mismatch-rate", type=float, default=0.2)
+    ap.add_argument("--max-delay", type=float, default=0.05)
+    ap.add_argument("--deadline", type=float, default=120)
+    ap.add_argument("--prefix", default="k")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+
+    rng = random.Random(args.seed)
+    end = time.time() + args.deadline
+    lock = threading.Lock()
+    results = {}      # "tenant/key" -> {"final": set, "changed": [], "retries": n}
+    status_counts = {}
+    errors = []
+
+    def record(name, status):
+        with lock:
+            status_counts[name] = status_counts.get(name, 0) + 1
+
+    def final_answer(tenant, key, body, seed):
+        """Send until a final answer; return (status, headers, body) or None."""
+        r = random.Random(seed)
+        while time.time() < end:
+            try:
+                status, headers, raw = post(args.url, tenant, key, body)
+            except (urllib.error.URLError, OSError) as e:
+                record("connection-error", 0)
+                time.sleep(0.2)
+                continue
+            record(str(status), status)
+            if status in (409, 503):
+                if "Retry-After" not in headers:
+                    with lock:
+                        errors.append("%s %s/%s without Retry-After" % (status, tenant, key))
+                time.sleep(min(float(headers.get("Retry-After", "1")), 0.5) * r.random() + 0.05)
+                continue
+            return status, headers, raw
+        with lock:
+            errors.append("no final answer for %s/%s before the deadline" % (tenant, key))
+        return None
+
+    def client(tenant, key, body, seed):
+        r = random.Random(seed)
+        entry = results["%s/%s" % (tenant, key)]
+        got_final = False
+        for i in range(args.repeats):
+            time.sleep(r.random() * args.max_delay)
+            ans = final_answer(tenant, key, body, r.random())
+            if ans is None:
+                return
+            status, headers, raw = ans
+            replayed = headers.get("Idempotent-Replayed") == "true"
+            kept = {k: v for k, v in headers.items()
+                    if k in ("Content-Type", "Location")}
+            with lock:
+                entry["final"].add(json.dumps([status, kept, raw.decode()], sort_keys=True))
+                entry["replayed"] += int(replayed)
+            got_final = True
+            if got_final and r.random() < args.mismatch_rate:
+                changed = dict(body, amount=body["amount"] + 1)
+                ans = final_answer(tenant, key, changed, r.random())
+                if ans is not None:
+                    with lock:
+                        entry["changed"].append(ans[0])
+
+    threads = []
+    for k in range(args.keys):
+        tenant = "acme" if k % 2 == 0 else "globex"
+        # the same key string is used by both tenants every other key
+        key = ("%s-%d" % (args.prefix, k // 2)) if k % 4 < 2 else ("%s-x%d" % (args.prefix, k))
+        body = {"amount": rng.randint(100, 50000) / 100,
+                "currency": rng.choice(["EUR", "USD"]),
+                "customer": "cus_%d" % rng.randint(1, 50)}
+        results["%s/%s" % (tenant, key)] = {"final": set(), "changed": [],
+                                             "replayed": 0, "body": body}
+        for c in range(args.clients):
+            threads.append(threading.Thread(
+                target=client, args=(tenant, key, body, rng.random()), daemon=True))
+    rng.shuffle(threads)
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, end - time.time()) + 15)
+
+    out = {"keys": {name: {"final": sorted(e["final"]), "changed": e["changed"],
+                           "replayed": e["replayed"], "body": e["body"]}
+                    for name, e in results.items()},
+           "statuses": status_counts, "errors": errors}
+    json.dump(out, sys.stdout, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+#!/usr/bin/python3
+"""Example payments API protected by the idempotency extension.
+
+POST /v1/charges
+    Authorization: Bearer <tenant token>      (the tenant never comes from the body)
+    Idempotency-Key: <1-255 printable ASCII>
+    {"amount": 12.50, "currency": "EUR", "customer": "cus_123"}
+
+One database transaction per request:
+
+    BEGIN;
+    SET LOCAL idempotency.tenant = <tenant from the token>;
+    idem_reserve(...)            -> created | replay | in_progress | mismatch | stale
+    INSERT INTO payments.charges ...
+    outbox_enqueue(...)          -> the capture call, made later by worker.py
+    idem_complete(..., 201, body, headers)
+    COMMIT;
+
+Answers follow the IETF Idempotency-Key header draft and Stripe's behaviour:
+missing key 400, concurrent duplicate 409 with Retry-After, same key with a
+different body 422, replays carry Idempotent-Replayed: true, errors are
+application/problem+json.  The service fails closed: when the database cannot
+be reached it answers 503 and charges nothing.
+
+Configuration (environment): PAYMENTS_DSN (libpq connection string),
+PAYMENTS_PORT (default 8080), PAYMENTS_PROCESSING_DELAY (seconds of simulated
+work inside the transaction, default 0).
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+from decimal import Decimal, InvalidOperation
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+SCOPE = "charges"
+
+# A static token map stands in for real authentication.
+TENANT_TOKENS = {
+    "tok_acme": "acme",
+    "tok_globex": "globex",
+}
+
+DSN = os.environ.get("PAYMENTS_DSN", "")
+PROCESSING_DELAY = float(os.environ.get("PAYMENTS_PROCESSING_DELAY", "0"))
+
+
+class ConnectionPool:
+    """A minimal pool: idle connections are reused, broken ones dropped."""
+
+    def __init__(self, dsn, max_idle=16):
+        self.dsn = dsn
+        self.max_idle = max_idle
+        self.idle = []
+        self.lock = threading.Lock()
+
+    def get(self):
+        with self.lock:
+            if self.idle:
+                return self.idle.pop()
+        return psycopg.connect(self.dsn, connect_timeout=3)
+
+    def clear(self):
+        with self.lock:
+            idle, self.idle = self.idle, []
+        for conn in idle:
+            conn.close()
+
+    def put(self, conn):
+        ok = (not conn.closed
+              and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+        with self.lock:
+            if ok and len(self.idle) < self.max_idle:
+                self.idle.append(conn)
+                return
+        conn.close()
+
+
+POOL = ConnectionPool(DSN)
+
+
+class Problem(Exception):
+    """An RFC 9457 problem+json answer."""
+
+    def __init__(self, status, title, detail, headers=None):
+        super().__init__(detail)
+        self.status = status
+        self.title = title
+        self.detail = detail
+        self.headers = headers or {}
+
+
+def parse_charge(raw):
+    """Validate the body; return (text to fingerprint, amount, currency, customer)."""
+    try:
+        text = raw.decode("utf-8")
+        # decimals stay exact: 12.50 is not turned into a binary float
+        body = json.loads(text or "null", parse_float=Decimal)
+    except ValueError:
+        raise Problem(400, "Invalid JSON", "The request body is not valid JSON.")
+    if not isinstance(body, dict):
+        raise Problem(400, "Invalid request", "The request body must be a JSON object.")
+    amount = body.get("amount")
+    if isinstance(amount, bool) or not isinstance(amount, (int, Decimal)):
+        raise Problem(422, "Invalid amount", "amount must be a JSON number.")
+    amount = Decimal(amount)
+    if not amount.is_finite() or amount <= 0 or amount != round(amount, 2):
+        raise Problem(422, "Invalid amount", "amount must be positive, with at most 2 decimals.")
+    currency = body.get("currency")
+    customer = body.get("customer")
+    if not isinstance(currency, str) or len(currency) != 3:
+        raise Problem(422, "Invalid currency", "currency must be a 3-letter code.")
+    if not isinstance(customer, str) or not customer:
+        raise Problem(422, "Invalid customer", "customer is required.")
+    # The request is fingerprinted as the client sent it (the extension
+    # canonicalises it: key order, whitespace and 12.5 / 12.50 do not matter).
+    return text, amount, currency, customer
+
+
+def create_charge(tenant, key, request_text, amount, currency, customer):
+    """Run the one-transaction flow; return (status, body, headers, replayed).
+
+    Safe to run again after any failure, even one during COMMIT whose
+    outcome is unknown: the idempotency key makes the second run a replay.
+    """
+    try:
+        return charge_transaction(tenant, key, request_text, amount, currency, customer)
+    except psycopg.OperationalError:
+        # most often a pooled connection the database restart broke: one
+        # more go with a fresh connection (and the same key)
+        POOL.clear()
+        return charge_transaction(tenant, key, request_text, amount, currency, customer)
+
+
+def charge_transaction(tenant, key, request_text, amount, currency, customer):
+    conn = POOL.get()
+    try:
+        with conn.transaction():
+            cur = conn.cursor()
+            cur.execute("SELECT set_config('idempotency.tenant', %s, true)", (tenant,))
+            cur.execute(
+                "SELECT outcome::text, http_status, response_code, response_body,"
+                "       response_headers, retry_after"
+                "  FROM idem_reserve(%s, %s, %s, %s::jsonb)",
+                (tenant, SCOPE, key, request_text))
+            outcome, http_status, code, rbody, rheaders, retry_after = cur.fetchone()
+            if outcome == "replay":
+                return code, rbody, rheaders or {}, True
+            if outcome == "in_progress":
+                raise Problem(409, "Request in progress",
+                              "A request with this Idempotency-Key is being processed.",
+                              {"Retry-After": str(retry_after or 1)})
+            if outcome == "mismatch":
+                raise Problem(422, "Idempotency-Key reused",
+                              "This Idempotency-Key was used with a different request body.")
+            if outcome == "stale":
+                raise Problem(409, "Outcome unknown",
+                              "An earlier attempt with this Idempotency-Key did not finish; "
+                              "it is being reconciled.",
+                              {"Retry-After": str(retry_after or 60)})
+            assert outcome == "created", outcome
+
+            if PROCESSING_DELAY > 0:
+                time.sleep(PROCESSING_DELAY)
+            cur.execute(
+                "INSERT INTO payments.charges (tenant_id, idem_key, amount, currency, customer)"
+                " VALUES (%s, %s, %s, %s, %s) RETURNING id, created_at",
+                (tenant, key, amount, currency, customer))
+            charge_id, created_at = cur.fetchone()
+            charge = {
+                "id": "ch_%d" % charge_id,
+                "object": "charge",
+                "amount": str(amount),
+                "currency": currency,
+                "customer": customer,
+                "status": "pending",
+                "created": created_at.isoformat(),
+            }
+            cur.execute(
+                "SELECT outbox_enqueue(%s, 'charge.capture', %s::jsonb, %s, %s)",
+                (tenant, Jsonb({"charge_id": charge_id, "amount": str(amount),
+                                "currency": currency, "customer": customer}),
+                 key, SCOPE))
+            headers = {"Location": "/v1/charges/ch_%d" % charge_id}
+            cur.execute(
+                "SELECT idem_complete(%s, %s, %s, 201, %s::jsonb, %s::jsonb)",
+                (tenant, SCOPE, key, Jsonb(charge), Jsonb(headers)))
+        return 201, charge, headers, False
+    finally:
+        POOL.put(conn)
+
+
+def problem_from_database(e):
+    """Map an error the extension raised to the HTTP answer (see README)."""
+    state = e.sqlstate or ""
+    message = e.diag.message_primary or str(e)
+    if state.startswith("22"):
+        # key empty, too long or not printable ASCII, ...
+        return Problem(400, "Invalid request", message)
+    if state == "54000":
+        return Problem(413, "Request too large", message)
+    if state == "40001":
+        return Problem(409, "Conflict", "Retry the request.", {"Retry-After": "1"})
+    sys.stderr.write("payments: database error %s: %s\n" % (state, e))
+    return Problem(503, "Service unavailable",
+                   "The request could not be completed; retry with the same "
+                   "Idempotency-Key.", {"Retry-After": "1"})
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "payments-example/1.0"
+
+    def log_message(self, fmt, *args):
+        if os.environ.get("PAYMENTS_ACCESS_LOG"):
+            super().log_message(fmt, *args)
+
+    def send_json(self, status, body, headers=None, content_type="application/json"):
+        data = json.dumps(body, sort_keys=True).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_problem(self, p):
+        self.send_json(p.status,
+                       {"type": "about:blank", "title": p.title,
+                        "status": p.status, "detail": p.detail},
+                       p.headers, "application/problem+json")
+
+    def do_GET(self):
+        if self.path == "/healthz":
+            self.send_json(200, {"ok": True})
+        else:
+            self.send_problem(Problem(404, "Not found", "No such resource."))
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            if self.path != "/v1/charges":
+                raise Problem(404, "Not found", "No such resource.")
+            auth = self.headers.get("Authorization", "")
+            tenant = TENANT_TOKENS.get(auth[7:]) if auth.startswith("Bearer ") else None
+            if tenant is None:
+                raise Problem(401, "Unauthorized", "A valid Bearer token is required.",
+                              {"WWW-Authenticate": "Bearer"})
+            key = self.headers.get("Idempotency-Key")
+            if not key:
+                raise Problem(400, "Idempotency-Key missing",
+                              "POST /v1/charges requires an Idempotency-Key header.")
+            body, amount, currency, customer = parse_charge(raw)
+            try:
+                status, rbody, rheaders, replayed = create_charge(
+                    tenant, key, body, amount, currency, customer)
+            except psycopg.OperationalError:
+                # the database is unreachable: fail closed, charge nothing
+                raise Problem(503, "Service unavailable",
+                              "The payments database is unreachable; retry with the same "
+                              "Idempotency-Key.", {"Retry-After": "1"})
+            except psycopg.Error as e:
+                raise problem_from_database(e)
+            headers = dict(rheaders)
+            if replayed:
+                headers["Idempotent-Replayed"] = "true"
+            self.send_json(status, rbody, headers)
+        except Problem as p:
+            self.send_problem(p)
+
+
+def main():
+    port = int(os.environ.get("PAYMENTS_PORT", "8080"))
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    sys.stderr.write("payments: listening on 127.0.0.1:%d\n" % port)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""Outbox worker for the example payments service.
+
+Claims 'charge.capture' rows from the transactional outbox, calls the
+payment provider over HTTP with the request's idempotency key as the
+provider's own Idempotency-Key, then acknowledges the row and marks the
+charge captured in one transaction.
+
+Delivery is at least once: a worker that dies after the provider call but
+before the ack leaves a leased row whose lease expires; another claim hands it
+out again (with a new lease token, so the dead worker's ack could no longer
+land), and the provider, seeing the same key, does not capture twice.
+
+Between claims the worker sleeps on LISTEN idempotency_outbox (sent when an
+enqueueing transaction commits), polling at least every POLL seconds.
+
+Configuration (environment): PAYMENTS_DSN, PROVIDER_URL (default
+http://127.0.0.1:8090), WORKER_NAME, WORKER_LEASE (seconds, default 30),
+WORKER_BATCH (default 10).  WORKER_CRASH_AFTER_CALLS=N makes the worker kill
+itself with SIGKILL right after its N-th provider call, before the ack: the
+crash the end-to-end test exercises.
+"""
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import psycopg
+
+DSN = os.environ.get("PAYMENTS_DSN", "")
+PROVIDER_URL = os.environ.get("PROVIDER_URL", "http://127.0.0.1:8090")
+NAME = os.environ.get("WORKER_NAME", "worker-%d" % os.getpid())
+LEASE = int(os.environ.get("WORKER_LEASE", "30"))
+BATCH = int(os.environ.get("WORKER_BATCH", "10"))
+CRASH_AFTER = int(os.environ.get("WORKER_CRASH_AFTER_CALLS", "0"))
+POLL = 1.0
+
+calls = 0
+
+
+def call_provider(row):
+    """POST the capture; return the provider's reference or raise."""
+    global calls
+    downstream_key = "%s:%s:%s" % (row["tenant_id"], row["idem_scope"], row["idem_key"])
+    req = urllib.request.Request(
+        PROVIDER_URL + "/v1/captures",
+        data=json.dumps(row["payload"], sort_keys=True).encode(),
+        headers={"Content-Type": "application/json", "Idempotency-Key": downstream_key},
+        method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        answer = json.loads(resp.read())
+    calls += 1
+    if CRASH_AFTER and calls >= CRASH_AFTER:
+        sys.stderr.write("%s: crashing after provider call for %s\n" % (NAME, downstream_key))
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return answer["id"]
+
+
+def work_once(conn):
+    """Claim one batch and deliver it; return how many rows were claimed."""
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        cur.execute(
+            "SELECT * FROM outbox_claim(%s, %s, make_interval(secs => %s),"
+            " ARRAY['charge.capture'])",
+            (NAME, BATCH, LEASE))
+        rows = cur.fetchall()
+    conn.commit()
+    for row in rows:
+        try:
+            ref = call_provider(row)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            with conn.transaction():
+                conn.execute(
+                    "SELECT outbox_nack(%s, %s, %s, %s)",
+                    (row["tenant_id"], row["id"], row["lease_token"], str(e)[:500]))
+            continue
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "SELECT outbox_ack(%s, %s, %s, %s)",
+                    (row["tenant_id"], row["id"], row["lease_token"], ref))
+                conn.execute(
+                    "UPDATE payments.charges SET status = 'captured', provider_ref = %s"
+                    " WHERE tenant_id = %s AND id = %s",
+                    (ref, row["tenant_id"], row["payload"]["charge_id"]))
+        except psycopg.errors.DatabaseError as e:
+            # e.g. the lease expired and another worker holds the row now
+            sys.stderr.write("%s: ack of %s refused: %s\n" % (NAME, row["id"], e))
+    return len(rows)
+
+
+def main():
+    while True:
+        try:
+            conn = psycopg.connect(DSN, autocommit=False, connect_timeout=3)
+            listen = psycopg.connect(DSN, autocommit=True, connect_timeout=3)
+            listen.execute("LISTEN idempotency_outbox")
+            sys.stderr.write("%s: started\n" % NAME)
+            while True:
+                if work_once(conn) >= BATCH:
+                    continue
+                # idle: wait for a NOTIFY or the poll interval
+                if select.select([listen.fileno()], [], [], POLL)[0]:
+                    # consume the notification(s) that woke us
+                    listen.execute("SELECT 1")
+        except psycopg.OperationalError as e:
+            sys.stderr.write("%s: database unavailable (%s); retrying\n" % (NAME, e))
+            time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+-- Every error of the key functions: its SQLSTATE, message and hint, and
+-- that nothing was written before it was raised.
+CREATE FUNCTION pg_temp.err(sql text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    st text;
+    msg text;
+    hint text;
+BEGIN
+    EXECUTE sql;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+                            hint = PG_EXCEPTION_HINT;
+    RETURN st || ' ' || msg || E'\n      hint: ' || coalesce(hint, '(none)');
+END
+$$;
+
+-- a completed key and a two-phase reservation to misuse
+BEGIN;
+SELECT outcome FROM idem_reserve('ke_a', 'orders', 'done', sha256('d'));
+SELECT idem_complete('ke_a', 'orders', 'done', 200, '{}');
+COMMIT;
+SELECT lock_token AS tok FROM idem_reserve('ke_a', 'orders', 'held', sha256('h')) \gset
+SELECT count(*) AS rows_before FROM idempotency.keys WHERE tenant_id = 'ke_a' \gset
+
+-- missing arguments (22004) and a missing key (22004)
+SELECT pg_temp.err($$SELECT idem_reserve(NULL, 'orders', 'k', sha256('x'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', NULL, 'k', sha256('x'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', NULL, sha256('x'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', '', '{}'::jsonb)$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', NULL::jsonb)$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', NULL::bytea)$$);
+SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', NULL, '{}')$$);
+SELECT pg_temp.err($$SELECT idem_checkpoint('ke_a', 'orders', 'held', NULL)$$);
+SELECT pg_temp.err($$SELECT idem_release(NULL, 'orders', 'held')$$);
+SELECT pg_temp.err($$SELECT * FROM idem_lookup('ke_a', 'orders', NULL)$$);
+-- key too long (22001), not printable ASCII (22021)
+SELECT pg_temp.err(format('SELECT idem_reserve(%L, %L, %L, sha256(%L))',
+                          'ke_a', 'orders', repeat('k', 256), 'x'));
+SELECT length(repeat('k', 255)) AS longest_key,
+       (idem_reserve('ke_a', 'orders', repeat('k', 255), sha256('x'))).outcome;
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', E'tab\there', sha256('x'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'café', sha256('x'))$$);
+-- bad values (22023)
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', '\x0102'::bytea)$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', sha256('x'), ttl => '0')$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', sha256('x'), wait => '-1 s')$$);
+SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 99, '{}')$$);
+SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 600, '{}')$$);
+SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 200, '{}', '["x"]')$$);
+-- request or response over the size GUCs (54000)
+SET idempotency.max_request_size = 64;
+SELECT pg_temp.err(format('SELECT idem_reserve(%L, %L, %L, %L::jsonb)', 'ke_a', 'orders',
+                          'big', json_build_object('pad', repeat('x', 100))));
+SELECT (idem_reserve('ke_a', 'orders', 'small', '{"a": 1}'::jsonb)).outcome;
+RESET idempotency.max_request_size;
+SET idempotency.max_response_size = 64;
+SELECT pg_temp.err(format('SELECT idem_complete(%L, %L, %L, 200, %L::jsonb)', 'ke_a', 'orders',
+                          'held', json_build_object('pad', repeat('x', 100))));
+SELECT pg_temp.err(format('SELECT idem_complete(%L, %L, %L, 200, %L, %L::jsonb)', 'ke_a', 'orders',
+                          'held', '{}', json_build_object('pad', repeat('x', 100))));
+RESET idempotency.max_response_size;
+-- no reservation (P0002)
+SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'never', 200, '{}')$$);
+SELECT pg_temp.err($$SELECT idem_checkpoint('ke_a', 'orders', 'never', 'step')$$);
+SELECT pg_temp.err($$SELECT idem_release('ke_a', 'orders', 'never')$$);
+SELECT pg_temp.err($$SELECT idem_resolve('ke_a', 'orders', 'never', 200, '{}')$$);
+-- already completed (55000): complete twice, checkpoint or release after
+SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'done', 200, '{}')$$);
+SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'done', 500, '{}')$$);
+SELECT pg_temp.err($$SELECT idem_checkpoint('ke_a', 'orders', 'done', 'step')$$);
+SELECT pg_temp.err($$SELECT idem_release('ke_a', 'orders', 'done')$$);
+SELECT pg_temp.err($$SELECT idem_resolve('ke_a', 'orders', 'done', 200, '{}')$$);
+-- fence mismatch (55006)
+SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 200, '{}', NULL,
+                                          '00000000-0000-4000-8000-000000000000')$$);
+SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 503, '{}', NULL,
+                                          '00000000-0000-4000-8000-000000000000')$$);
+SELECT pg_temp.err($$SELECT idem_checkpoint('ke_a', 'orders', 'held', 'x',
+                                            '00000000-0000-4000-8000-000000000000')$$);
+SELECT pg_temp.err($$SELECT idem_release('ke_a', 'orders', 'held',
+                                         '00000000-0000-4000-8000-000000000000')$$);
+-- tenant mismatch (42501), checked in every function naming a tenant
+SET idempotency.tenant = 'ke_other';
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', sha256('x'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', '{}'::jsonb)$$);
+SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 200, '{}')$$);
+SELECT pg_temp.err($$SELECT idem_checkpoint('ke_a', 'orders', 'held', 'x')$$);
+SELECT pg_temp.err($$SELECT idem_release('ke_a', 'orders', 'held')$$);
+SELECT pg_temp.err($$SELECT idem_resolve('ke_a', 'orders', 'held', 200, '{}')$$);
+SELECT pg_temp.err($$SELECT * FROM idem_lookup('ke_a', 'orders', 'done')$$);
+RESET idempotency.tenant;
+-- scope options: unknown (42704), bad values (22023), NULL scope (22004)
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": "1 day", "tll": 5}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '[]')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope(NULL, '{}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": -5}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"lock_timeout": true}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"cache_server_errors": "yes"}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"stale_action": "retry"}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"fingerprint_ignore": ["ts"]}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"fingerprint_ignore": ["/a~2"]}')$$);
+SELECT count(*) AS scopes_written FROM idempotency.scopes WHERE scope = 'ke_scope';
+
+-- none of the failed calls wrote anything
+SELECT count(*) - :rows_before AS new_rows FROM idempotency.keys
+ WHERE tenant_id = 'ke_a' AND idem_key NOT IN (repeat('k', 255), 'small');
+SELECT idem_key, status, response_code, response_body, recovery_point, completed_at IS NULL AS open
+  FROM idempotency.keys WHERE tenant_id = 'ke_a' AND idem_key IN ('done', 'held') ORDER BY 1;
+SELECT lock_token = :'tok' AS held_by_same_token FROM idem_lookup('ke_a', 'orders', 'held');
+
+-- the errors as psql shows them, with detail and hint
+SELECT idem_reserve('ke_a', 'orders', '', sha256('x'));
+SELECT idem_complete('ke_a', 'orders', 'done', 200, '{}');
+SELECT idem_complete('ke_a', 'orders', 'held', 200, '{}', NULL, '00000000-0000-4000-8000-000000000000');
+
+DELETE FROM idempotency.keys WHERE tenant_id = 'ke_a';
