@@ -1,16 +1,20 @@
 -- Maintenance: the reaper, the stale sweeper, the health and stats views,
 -- and scheduling it all with pg_cron.
-\echo '== Keys live until expires_at (the scope ttl, or idempotency.default_ttl). Three answered requests have expired,'
-\echo '== and one two-phase reservation was committed 20 minutes ago by a worker that then died:'
-INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint, status,
-                              response_code, locked_at, completed_at, expires_at)
-SELECT 'walk-maint', 'payments', 'pay-' || g, sha256(g::text::bytea), 'succeeded',
-       201, now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'
+\echo '== A scope with short timings, so the example needs no waiting: keys kept 2 seconds, reservations stale after 1.'
+SELECT scope, ttl, lock_timeout, stale_action
+  FROM idem_configure_scope('walk-refunds', '{"ttl": "2 seconds", "lock_timeout": "1 second"}');
+
+\echo '== Three refunds answered and completed; a fourth reserved (two-phase: the reservation commits alone)'
+\echo '== by a worker that then dies before completing it:'
+SELECT g AS request, r.outcome
+  FROM generate_series(1, 3) g,
+       LATERAL idem_reserve('walk-maint', 'walk-refunds', 'refund-' || g,
+                            jsonb_build_object('amount', g)) r;
+SELECT count(idem_complete('walk-maint', 'walk-refunds', 'refund-' || g, 201,
+                           jsonb_build_object('refund', g))) AS completed
   FROM generate_series(1, 3) g;
-INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint, status,
-                              lock_token, locked_at, expires_at)
-VALUES ('walk-maint', 'payments', 'pay-stuck', sha256('stuck'::bytea), 'processing',
-        gen_random_uuid(), now() - interval '20 minutes', now() + interval '1 day');
+SELECT outcome FROM idem_reserve('walk-maint', 'walk-refunds', 'refund-stuck', '{"amount": 9}'::jsonb);
+SELECT pg_sleep(2.5);
 
 \echo '== idempotency.health is what an operator (or pg_monitor) watches:'
 \x on
@@ -19,17 +23,23 @@ SELECT * FROM idempotency.health;
 
 \echo '== idem_reap() deletes one batch of expired, finished keys (SKIP LOCKED: it never waits for a live request):'
 SELECT idem_reap() AS reaped;
-\echo '== idem_sweep() flags reservations older than their lock_timeout (default 5min) for reconciliation;'
+\echo '== idem_sweep() flags reservations older than their lock_timeout for reconciliation;'
 \echo '== a retry of that key is now answered "stale" (409) until an operator settles it with idem_resolve():'
 SELECT idem_sweep() AS swept;
 SELECT idem_key, status, needs_reconciliation
   FROM idempotency.keys WHERE tenant_id = 'walk-maint' ORDER BY idem_key;
+SELECT outcome, http_status FROM idem_reserve('walk-maint', 'walk-refunds', 'refund-stuck', '{"amount": 9}'::jsonb);
 
 \echo '== CALL idem_maintain() does all of it (plus outbox leases and retention), committing between batches:'
 CALL idem_maintain();
 
 \echo '== idempotency.stats counts per tenant and scope, from shared memory:'
-SELECT tenant, scope, reaped, swept FROM idempotency.stats WHERE tenant = 'walk-maint';
+SELECT tenant, scope, created, completed, stale, reaped, swept
+  FROM idempotency.stats WHERE tenant = 'walk-maint';
+
+\echo '== The operator asks the payment provider, learns the refund went through, and settles the key:'
+SELECT idem_resolve('walk-maint', 'walk-refunds', 'refund-stuck', 201, '{"refund": 9}') AS resolved;
+SELECT needs_reconciliation FROM idempotency.health;
 
 \echo '== Schedule it every minute. pg_cron lives in database "postgres" here (cron.database_name), so the'
 \echo '== extension cannot schedule from "demo"; its error says exactly what to run, and where:'
@@ -49,3 +59,4 @@ SELECT cron.unschedule('idempotency-maintenance-demo') AS unscheduled;
 
 \echo '== Cleaning up the example:'
 DELETE FROM idempotency.keys WHERE tenant_id = 'walk-maint';
+DELETE FROM idempotency.scopes WHERE scope = 'walk-refunds';
