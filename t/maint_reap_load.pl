@@ -38,7 +38,7 @@ if ($has_reserve eq 't')
 {
 	append_to_file(
 		$script, q{
-\set n random(1, 1000000000)
+\set n random(1, 1000000000000000000)
 BEGIN;
 SELECT outcome FROM idem_reserve('load', 'orders', 'new-' || :client_id || '-' || :n, jsonb_build_object('amount', :n));
 INSERT INTO orders (tenant, amount) VALUES ('load', :n);
@@ -51,7 +51,7 @@ else
 	# the same shape written directly, where idem_reserve is not available
 	append_to_file(
 		$script, q{
-\set n random(1, 1000000000)
+\set n random(1, 1000000000000000000)
 BEGIN;
 INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint, status, lock_token, locked_at, expires_at) VALUES ('load', 'orders', 'new-' || :client_id || '-' || :n, sha256(:n::text::bytea), 'processing', gen_random_uuid(), now(), now() + interval '1 day') ON CONFLICT DO NOTHING;
 INSERT INTO orders (tenant, amount) VALUES ('load', :n);

@@ -29,7 +29,7 @@ psql_q -c 'CREATE EXTENSION idempotency' \
 if [ "$(psql_q -c "SELECT to_regprocedure('idem_reserve(text,text,text,jsonb,interval,interval)') IS NOT NULL")" = t ]; then
     workload="idem_reserve + INSERT + idem_complete"
     cat > "$tmp/new_request.sql" <<'SQL'
-\set n random(1, 1000000000)
+\set n random(1, 1000000000000000000)
 BEGIN;
 SELECT outcome FROM idem_reserve('bench', 'orders', 'new-' || :client_id || '-' || :n, jsonb_build_object('amount', :n));
 INSERT INTO orders (tenant, amount) VALUES ('bench', :n);
@@ -39,7 +39,7 @@ SQL
 else
     workload="INSERT key + INSERT + UPDATE key (idem_reserve not installed)"
     cat > "$tmp/new_request.sql" <<'SQL'
-\set n random(1, 1000000000)
+\set n random(1, 1000000000000000000)
 BEGIN;
 INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint, status, lock_token, locked_at, expires_at) VALUES ('bench', 'orders', 'new-' || :client_id || '-' || :n, sha256(:n::text::bytea), 'processing', gen_random_uuid(), now(), now() + interval '1 day') ON CONFLICT DO NOTHING;
 INSERT INTO orders (tenant, amount) VALUES ('bench', :n);
