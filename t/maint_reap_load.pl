@@ -33,7 +33,7 @@ my $has_reserve = $node->safe_psql('postgres',
 );
 my $script = "$PostgreSQL::Test::Utils::tmp_check/reap_load.sql";
 $node->safe_psql('postgres',
-	'CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text, amount int)');
+	'CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text, amount bigint)');
 if ($has_reserve eq 't')
 {
 	append_to_file(

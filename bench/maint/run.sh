@@ -23,7 +23,7 @@ trap 'rm -rf "$tmp"' EXIT
 dropdb --if-exists "$DB" >/dev/null
 createdb "$DB"
 psql_q -c 'CREATE EXTENSION idempotency' \
-       -c 'CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text, amount int)'
+       -c 'CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text, amount bigint)'
 
 # The new-request workload: BEGIN; reserve; business write; complete; COMMIT.
 if [ "$(psql_q -c "SELECT to_regprocedure('idem_reserve(text,text,text,jsonb,interval,interval)') IS NOT NULL")" = t ]; then
