@@ -10,9 +10,9 @@ set -euo pipefail
 
 ROWS=${ROWS:-1000000}
 SECONDS_A=${SECONDS_A:-15}     # pgbench run without reaping
-SECONDS_B=${SECONDS_B:-45}     # pgbench run during which idem_maintain reaps
+SECONDS_B=${SECONDS_B:-75}     # pgbench run during which idem_maintain reaps
 CLIENTS=${CLIENTS:-2}
-MAINTAIN=${MAINTAIN:-"CALL idem_maintain('60 seconds')"}
+MAINTAIN=${MAINTAIN:-"CALL idem_maintain('80 seconds')"}
 DB=bench_maint
 psql_q() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$DB" "$@"; }
 calc() { awk "BEGIN { printf \"%.2f\", $1 }"; }
