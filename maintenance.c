@@ -126,6 +126,8 @@ static const char *reclaim_sql =
 "    SELECT o.ctid AS row_id"
 "      FROM idempotency.outbox o"
 "     WHERE o.status = 'leased' AND o.lease_until < now()"
+/* a leased row's available_at is its lease end: lets outbox_claim_idx serve */
+"       AND o.available_at < now()"
 "       FOR UPDATE SKIP LOCKED)"
 " UPDATE idempotency.outbox o"
 "    SET status = CASE WHEN o.attempts + 1 >= o.max_attempts"
