@@ -19,6 +19,7 @@
 #include <limits.h>
 
 #include "fmgr.h"
+#include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/guc.h"
 
@@ -39,6 +40,31 @@ bool		idem_outbox_notify = true;
 bool		idem_loaded_at_startup = false;
 
 void		_PG_init(void);
+
+/*
+ * idem_saved_plan
+ *		Every statement the extension runs is prepared once per backend with
+ *		its parameters and kept (SPI_keepplan): no string is ever built into
+ *		SQL, and no call re-parses or re-plans from scratch.
+ */
+SPIPlanPtr
+idem_saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes,
+				int cursor_options)
+{
+	SPIPlanPtr	plan;
+
+	if (*cache != NULL)
+		return *cache;
+
+	plan = SPI_prepare_cursor(sql, nargs, argtypes, cursor_options);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed: %s",
+			 SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	*cache = plan;
+	return plan;
+}
 
 /*
  * idem_check_tenant

@@ -55,6 +55,16 @@ extern bool idem_loaded_at_startup;
  */
 extern void idem_check_tenant(const char *tenant);
 
+/*
+ * The saved SPI plan of "sql" in *cache, prepared (with cursor_options,
+ * e.g. CURSOR_OPT_GENERIC_PLAN) and kept on first use.  Between SPI_connect
+ * and SPI_finish.
+ */
+struct _SPI_plan;
+extern struct _SPI_plan *idem_saved_plan(struct _SPI_plan **cache,
+										 const char *sql, int nargs,
+										 Oid *argtypes, int cursor_options);
+
 /* ----------------------------------------------------------------
  * fingerprint.c: RFC 8785 canonical JSON and SHA-256
  * ----------------------------------------------------------------

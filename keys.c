@@ -376,24 +376,6 @@ keys_ensure_cache(void)
  * ----------------------------------------------------------------
  */
 
-/* Prepare "sql" once per backend and keep the plan. */
-static SPIPlanPtr
-keys_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
-{
-	if (*cache == NULL)
-	{
-		SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
-
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed: %s",
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		*cache = plan;
-	}
-	return *cache;
-}
-
 static void
 keys_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only)
 {
@@ -716,12 +698,12 @@ keys_scope_policy(const char *scope, ScopePolicy *policy)
 	}
 
 	memset(policy, 0, sizeof(*policy));
-	keys_plan(&plan_scope,
-			  "SELECT ttl, lock_timeout, cache_server_errors,"
-			  " stale_action OPERATOR(pg_catalog.=) 'takeover',"
-			  " fingerprint_ignore"
-			  " FROM idempotency.scopes WHERE scope = $1",
-			  1, argtypes);
+	idem_saved_plan(&plan_scope,
+					"SELECT ttl, lock_timeout, cache_server_errors,"
+					" stale_action OPERATOR(pg_catalog.=) 'takeover',"
+					" fingerprint_ignore"
+					" FROM idempotency.scopes WHERE scope = $1",
+					1, argtypes, 0);
 	values[0] = CStringGetTextDatum(scope);
 	rc = SPI_execute_snapshot(plan_scope, values, NULL, GetLatestSnapshot(),
 							  InvalidSnapshot, true, false, 1);
@@ -906,12 +888,12 @@ reserve_insert(Datum *values)
 {
 	Oid			argtypes[7] = RESERVE_ARGTYPES;
 
-	keys_plan(&plan_insert,
-			  "INSERT INTO idempotency.keys"
-			  " (tenant_id, scope, idem_key, fingerprint, lock_token, locked_at,"
-			  " created_at, expires_at)"
-			  " VALUES ($1, $2, $3, $4, $5, $6, $6, $7)",
-			  7, argtypes);
+	idem_saved_plan(&plan_insert,
+					"INSERT INTO idempotency.keys"
+					" (tenant_id, scope, idem_key, fingerprint, lock_token, locked_at,"
+					" created_at, expires_at)"
+					" VALUES ($1, $2, $3, $4, $5, $6, $6, $7)",
+					7, argtypes, 0);
 	keys_exec(plan_insert, values, NULL, false);
 }
 
@@ -924,14 +906,14 @@ reserve_renew(Datum *values)
 {
 	Oid			argtypes[7] = RESERVE_ARGTYPES;
 
-	keys_plan(&plan_renew,
-			  "UPDATE idempotency.keys SET fingerprint = $4,"
-			  " status = 'processing', lock_token = $5, locked_at = $6,"
-			  " recovery_point = NULL, response_code = NULL,"
-			  " response_body = NULL, response_headers = NULL,"
-			  " needs_reconciliation = false, created_at = $6,"
-			  " completed_at = NULL, expires_at = $7" KEY_WHERE,
-			  7, argtypes);
+	idem_saved_plan(&plan_renew,
+					"UPDATE idempotency.keys SET fingerprint = $4,"
+					" status = 'processing', lock_token = $5, locked_at = $6,"
+					" recovery_point = NULL, response_code = NULL,"
+					" response_body = NULL, response_headers = NULL,"
+					" needs_reconciliation = false, created_at = $6,"
+					" completed_at = NULL, expires_at = $7" KEY_WHERE,
+					7, argtypes, 0);
 	keys_exec(plan_renew, values, NULL, false);
 	return SPI_processed == 1;
 }
@@ -943,10 +925,10 @@ reserve_takeover(KeyIdent *id, pg_uuid_t *token, TimestampTz now)
 	TIMESTAMPTZOID};
 	Datum		values[5];
 
-	keys_plan(&plan_takeover,
-			  "UPDATE idempotency.keys SET lock_token = $4, locked_at = $5"
-			  KEY_WHERE,
-			  5, argtypes);
+	idem_saved_plan(&plan_takeover,
+					"UPDATE idempotency.keys SET lock_token = $4, locked_at = $5"
+					KEY_WHERE,
+					5, argtypes, 0);
 	memcpy(values, id->values, sizeof(id->values));
 	values[3] = UUIDPGetDatum(token);
 	values[4] = TimestampTzGetDatum(now);
@@ -958,10 +940,10 @@ reserve_flag_stale(KeyIdent *id)
 {
 	Oid			argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
 
-	keys_plan(&plan_flag,
-			  "UPDATE idempotency.keys SET needs_reconciliation = true"
-			  KEY_WHERE,
-			  3, argtypes);
+	idem_saved_plan(&plan_flag,
+					"UPDATE idempotency.keys SET needs_reconciliation = true"
+					KEY_WHERE,
+					3, argtypes, 0);
 	keys_exec(plan_flag, id->values, NULL, false);
 }
 
@@ -1422,11 +1404,11 @@ keys_finish(KeyIdent *id, int32 code, Datum body, bool body_null,
 		{
 			Oid			argtypes[4] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID};
 
-			keys_plan(&plan_delete,
-					  "DELETE FROM idempotency.keys" KEY_WHERE
-					  " AND status = 'processing'"
-					  " AND ($4::pg_catalog.uuid IS NULL OR lock_token = $4)",
-					  4, argtypes);
+			idem_saved_plan(&plan_delete,
+							"DELETE FROM idempotency.keys" KEY_WHERE
+							" AND status = 'processing'"
+							" AND ($4::pg_catalog.uuid IS NULL OR lock_token = $4)",
+							4, argtypes, 0);
 			values[3] = UUIDPGetDatum(token);
 			nulls[3] = token == NULL ? 'n' : ' ';
 			keys_exec(plan_delete, values, nulls, false);
@@ -1442,16 +1424,16 @@ keys_finish(KeyIdent *id, int32 code, Datum body, bool body_null,
 		JSONBOID, JSONBOID, TIMESTAMPTZOID, UUIDOID};
 		bool		succeeded = code < 400;
 
-		keys_plan(&plan_complete,
-				  "UPDATE idempotency.keys SET"
-				  " status = CASE WHEN $4 THEN 'succeeded'::idempotency.status"
-				  " ELSE 'failed'::idempotency.status END,"
-				  " response_code = $5, response_body = $6,"
-				  " response_headers = $7, completed_at = $8,"
-				  " needs_reconciliation = false" KEY_WHERE
-				  " AND status = 'processing'"
-				  " AND ($9::pg_catalog.uuid IS NULL OR lock_token = $9)",
-				  9, argtypes);
+		idem_saved_plan(&plan_complete,
+						"UPDATE idempotency.keys SET"
+						" status = CASE WHEN $4 THEN 'succeeded'::idempotency.status"
+						" ELSE 'failed'::idempotency.status END,"
+						" response_code = $5, response_body = $6,"
+						" response_headers = $7, completed_at = $8,"
+						" needs_reconciliation = false" KEY_WHERE
+						" AND status = 'processing'"
+						" AND ($9::pg_catalog.uuid IS NULL OR lock_token = $9)",
+						9, argtypes, 0);
 		values[3] = BoolGetDatum(succeeded);
 		values[4] = Int32GetDatum(code);
 		values[5] = body;
@@ -1551,11 +1533,11 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	keys_lock_wait(&id);
-	keys_plan(&plan_checkpoint,
-			  "UPDATE idempotency.keys SET recovery_point = $4, locked_at = $5"
-			  KEY_WHERE " AND status = 'processing'"
-			  " AND ($6::pg_catalog.uuid IS NULL OR lock_token = $6)",
-			  6, argtypes);
+	idem_saved_plan(&plan_checkpoint,
+					"UPDATE idempotency.keys SET recovery_point = $4, locked_at = $5"
+					KEY_WHERE " AND status = 'processing'"
+					" AND ($6::pg_catalog.uuid IS NULL OR lock_token = $6)",
+					6, argtypes, 0);
 	memcpy(values, id.values, sizeof(id.values));
 	values[3] = PG_GETARG_DATUM(3);
 	values[4] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
@@ -1587,11 +1569,11 @@ idem_release(PG_FUNCTION_ARGS)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	keys_lock_wait(&id);
-	keys_plan(&plan_delete,
-			  "DELETE FROM idempotency.keys" KEY_WHERE
-			  " AND status = 'processing'"
-			  " AND ($4::pg_catalog.uuid IS NULL OR lock_token = $4)",
-			  4, argtypes);
+	idem_saved_plan(&plan_delete,
+					"DELETE FROM idempotency.keys" KEY_WHERE
+					" AND status = 'processing'"
+					" AND ($4::pg_catalog.uuid IS NULL OR lock_token = $4)",
+					4, argtypes, 0);
 	memcpy(values, id.values, sizeof(id.values));
 	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
 	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
@@ -1626,9 +1608,9 @@ idem_lookup(PG_FUNCTION_ARGS)
 		oldcxt = MemoryContextSwitchTo(funcctx->multi_call_memory_ctx);
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
-		keys_plan(&plan_lookup,
-				  "SELECT k FROM idempotency.keys k" KEY_WHERE,
-				  3, argtypes);
+		idem_saved_plan(&plan_lookup,
+						"SELECT k FROM idempotency.keys k" KEY_WHERE,
+						3, argtypes, 0);
 		keys_exec(plan_lookup, id.values, NULL, true);
 		funcctx->max_calls = SPI_processed;
 		if (SPI_processed > 0)

@@ -166,28 +166,6 @@ static SPIPlanPtr schedule_plan = NULL;
 static SPIPlanPtr unschedule_plan = NULL;
 
 /*
- * prepare_saved
- *		Prepare "sql" once per backend and keep the plan (*plan caches it).
- *		Must be called inside SPI_connect.
- */
-static SPIPlanPtr
-prepare_saved(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
-{
-	if (*plan == NULL)
-	{
-		SPIPlanPtr	p = SPI_prepare(sql, nargs, argtypes);
-
-		if (p == NULL)
-			elog(ERROR, "SPI_prepare failed: %s",
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(p) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		*plan = p;
-	}
-	return *plan;
-}
-
-/*
  * check_batch_size
  *		Bad input raises before any write.
  */
@@ -270,7 +248,7 @@ idem_reap(PG_FUNCTION_ARGS)
 	values[0] = Int32GetDatum(batch_size);
 
 	SPI_connect();
-	ret = SPI_execute_plan(prepare_saved(&reap_plan, reap_sql, 1, argtypes),
+	ret = SPI_execute_plan(idem_saved_plan(&reap_plan, reap_sql, 1, argtypes, 0),
 						   values, NULL, false, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "reaping keys failed: %s", SPI_result_code_string(ret));
@@ -321,7 +299,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 	values[1] = seconds_interval(idem_default_lock_timeout);
 
 	SPI_connect();
-	ret = SPI_execute_plan(prepare_saved(&sweep_plan, sweep_sql, 2, argtypes),
+	ret = SPI_execute_plan(idem_saved_plan(&sweep_plan, sweep_sql, 2, argtypes, 0),
 						   values, nulls, false, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "sweeping keys failed: %s", SPI_result_code_string(ret));
@@ -346,7 +324,7 @@ idem_reclaim_leases(PG_FUNCTION_ARGS)
 	int64		total;
 
 	SPI_connect();
-	ret = SPI_execute_plan(prepare_saved(&reclaim_plan, reclaim_sql, 0, NULL),
+	ret = SPI_execute_plan(idem_saved_plan(&reclaim_plan, reclaim_sql, 0, NULL, 0),
 						   NULL, NULL, false, 0);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "reclaiming outbox leases failed: %s",
@@ -378,7 +356,7 @@ idem_purge_outbox(PG_FUNCTION_ARGS)
 	values[1] = seconds_interval(idem_outbox_retention);
 
 	SPI_connect();
-	ret = SPI_execute_plan(prepare_saved(&purge_plan, purge_sql, 2, argtypes),
+	ret = SPI_execute_plan(idem_saved_plan(&purge_plan, purge_sql, 2, argtypes, 0),
 						   values, NULL, false, 0);
 	if (ret != SPI_OK_DELETE)
 		elog(ERROR, "purging the outbox failed: %s",
@@ -490,8 +468,8 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 	values[3] = CStringGetTextDatum(dbname);
 
 	SPI_connect();
-	ret = SPI_execute_plan(prepare_saved(&schedule_plan, schedule_sql,
-										 4, argtypes),
+	ret = SPI_execute_plan(idem_saved_plan(&schedule_plan, schedule_sql,
+										 4, argtypes, 0),
 						   values, NULL, false, 1);
 	if (ret != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "scheduling the maintenance job failed: %s",
@@ -526,8 +504,8 @@ idem_unschedule_maintenance(PG_FUNCTION_ARGS)
 	values[0] = CStringGetTextDatum(jobname);
 
 	SPI_connect();
-	ret = SPI_execute_plan(prepare_saved(&unschedule_plan, unschedule_sql,
-										 1, argtypes),
+	ret = SPI_execute_plan(idem_saved_plan(&unschedule_plan, unschedule_sql,
+										 1, argtypes, 0),
 						   values, NULL, false, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "unscheduling the maintenance job failed: %s",

@@ -217,32 +217,14 @@ claimed_row_cmp(const void *a, const void *b)
 }
 
 /*
- * Return the saved plan in *cache, preparing and keeping it on first use.
- * Must be called between SPI_connect and SPI_finish.
- *
- * Plans are forced generic: the plan cache would otherwise compare the
+ * Outbox plans are forced generic: the plan cache would otherwise compare the
  * generic plan of "LIMIT $1", priced for a tenth of the table, with a custom
  * plan for the actual batch, find it dearer and re-plan on every call.  The
  * generic plans of these statements are the index and TID scans the
  * statements are written for.
  */
-static SPIPlanPtr
-outbox_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr	plan;
-
-	if (*cache != NULL)
-		return *cache;
-
-	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed for outbox statement: %s",
-			 SPI_result_code_string(SPI_result));
-	if (SPI_keepplan(plan) != 0)
-		elog(ERROR, "SPI_keepplan failed for outbox statement");
-	*cache = plan;
-	return plan;
-}
+#define outbox_plan(cache, sql, nargs, argtypes) \
+	idem_saved_plan((cache), (sql), (nargs), (argtypes), CURSOR_OPT_GENERIC_PLAN)
 
 /* ----------------------------------------------------------------
  * Argument checks: all of them run before anything is written
