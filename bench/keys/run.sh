@@ -29,7 +29,7 @@ tps() {
 }
 
 declare -A tps_of
-variants="new_ext new_plpgsql new_sql new_none replay_ext replay_plpgsql replay_sql
+variants="new_ext new_plpgsql new_sql new_none new_floor replay_ext replay_plpgsql replay_sql
           new_ext_async new_plpgsql_async new_sql_async new_none_async"
 reversed=$(echo $variants | tr ' ' '\n' | tac | tr '\n' ' ')
 for round in 1 2; do
@@ -72,6 +72,11 @@ echo
 compare "new request vs naive PL/pgSQL (durable commits):" new_ext new_plpgsql ">= 1.4"
 compare "new request vs bare SQL (durable commits):" new_ext new_sql ">= 1.0"
 compare "new request vs no idempotency (durable commits):" new_ext new_none
+# "floor": the business transaction plus two trivial statements in place of
+# reserve and complete, i.e. the same six round trips with free idempotency.
+# floor / naive PL/pgSQL is the most any implementation of this workload
+# could reach against the naive one on this machine.
+compare "ceiling: free idempotency vs naive PL/pgSQL (durable):" new_floor new_plpgsql
 compare "new request vs naive PL/pgSQL (synchronous_commit off):" new_ext_async new_plpgsql_async
 compare "new request vs bare SQL (synchronous_commit off):" new_ext_async new_sql_async
 compare "new request vs no idempotency (synchronous_commit off):" new_ext_async new_none_async
