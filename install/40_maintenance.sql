@@ -52,7 +52,7 @@ COMMENT ON FUNCTION idem_purge_outbox(int) IS
  */
 CREATE PROCEDURE idem_maintain(time_budget interval DEFAULT '50 seconds',
                                batch_size int DEFAULT 1000,
-                               batch_pause interval DEFAULT '50 milliseconds')
+                               batch_pause interval DEFAULT '100 milliseconds')
     LANGUAGE plpgsql
     AS $$
 DECLARE

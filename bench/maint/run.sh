@@ -109,8 +109,8 @@ run_with() {
     read -r p n < <(p99 "$log" "$t0" "$t1")
     local secs rate
     secs=$(calc "$t1 - $t0")
-    rate=$(awk "BEGIN { printf \"%d\", $ROWS / $secs }")
-    echo "  B$1 reaped $ROWS keys in $secs s = $rate rows/s ($left left)"
+    rate=$(awk "BEGIN { printf \"%d\", ($ROWS - $left) / $secs }")
+    echo "  B$1 reaped $((ROWS - left)) of $ROWS keys in $secs s = $rate rows/s ($left left)"
     echo "  B$1 during reaping: p99 $p ms over $n transactions"
     P99_B+=("$p")
     RATES+=("$rate")
