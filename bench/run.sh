@@ -14,6 +14,10 @@ cluster_options
 # benchmarks run with durable commits, as production does
 CLUSTER_OPTS=("${CLUSTER_OPTS[@]/fsync=off/fsync=on}")
 CLUSTER_OPTS+=(-o "shared_buffers=1GB" -o "max_wal_size=4GB")
+# BENCH_PG_OPTS="guc=value ..." adds server settings, e.g. wal_compression=on
+for opt in ${BENCH_PG_OPTS:-}; do
+    CLUSTER_OPTS+=(-o "$opt")
+done
 
 names=${BENCH:-}
 if [ -z "$names" ]; then

@@ -48,7 +48,8 @@ COMMENT ON FUNCTION idem_purge_outbox(int) IS
  *
  * The defaults are gentle on purpose: small batches with a rest between
  * them leave CPU and WAL bandwidth to the requests while a backlog is
- * worked off, and still reap some 800,000 keys per 50-second run.
+ * worked off, and still reap several hundred thousand keys per 50-second
+ * run.
  */
 CREATE PROCEDURE idem_maintain(time_budget interval DEFAULT '50 seconds',
                                batch_size int DEFAULT 1000,
