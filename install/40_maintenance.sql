@@ -63,6 +63,7 @@ DECLARE
     reclaimed bigint;
     reaped    bigint := 0;
     purged    bigint := 0;
+    started   timestamptz;
 BEGIN
     IF time_budget IS NULL OR time_budget <= interval '0' THEN
         RAISE EXCEPTION 'time_budget must be a positive interval'
@@ -87,12 +88,18 @@ BEGIN
     COMMIT;
 
     LOOP
+        started := pg_catalog.clock_timestamp();
         n := @extschema@.idem_reap(batch_size);
         reaped := reaped + n;
         COMMIT;
         EXIT WHEN n < batch_size OR pg_catalog.clock_timestamp() >= deadline;
         IF batch_pause > interval '0' THEN
-            PERFORM pg_catalog.pg_sleep_for(batch_pause);
+            -- rest at least batch_pause, and twice as long as the batch
+            -- took: slow batches (a bloated table, a busy server) get
+            -- longer rests, so the reaper never takes more than a third of
+            -- the time it runs
+            PERFORM pg_catalog.pg_sleep_for(GREATEST(batch_pause,
+                (pg_catalog.clock_timestamp() - started) * 2));
         END IF;
     END LOOP;
 
