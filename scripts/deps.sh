@@ -20,6 +20,10 @@ for p in "${packages[@]}"; do
         missing+=("$p")
     fi
 done
+# the fingerprint differential runs the RFC 8785 reference implementation
+# (npm "canonicalize") on node; any node >= 18 will do, Debian's or another
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ ${#missing[@]} -eq 0 ]; then
     echo "deps: all packages present"
