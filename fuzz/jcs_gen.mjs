@@ -304,11 +304,20 @@ function object(depth) {
     const n = wide ? range(100, 1000) : int(7);
     const names = [];
     const parts = [];
+    const errors = [];
+    const outer = numberError;
     for (let i = 0; i < n; i++) {
         const name = memberName(names);
         names.push(name);
+        numberError = null;
         parts.push(ws() + writeString(name) + ws() + ':' + ws() + value(wide ? 0 : depth) + ws());
+        errors.push(numberError);
     }
+    // a duplicate name drops the earlier value, and a bad number with it
+    const last = new Map();
+    names.forEach((name, i) => last.set(String.fromCodePoint(...name), i));
+    numberError = outer;
+    for (const i of last.values()) if (errors[i]) numberError = errors[i];
     return '{' + (n ? parts.join(',') : ws()) + '}';
 }
 
