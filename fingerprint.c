@@ -1077,8 +1077,10 @@ emit_container(CanonState *st, JsonbContainer *jc, int depth,
 				sink_putc(sink, ',');
 			first = false;
 			step.index = (int) i;
+			/* a scalar request is the whole document: pointer "" */
 			emit_value(st, entry, data, start, offset - start, depth + 1,
-					   child_active, nchild, &step);
+					   child_active, nchild,
+					   JsonContainerIsScalar(jc) ? path : &step);
 		}
 		if (!JsonContainerIsScalar(jc))
 			sink_putc(sink, ']');

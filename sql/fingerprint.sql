@@ -97,6 +97,8 @@ SELECT idem_fingerprint(d, p) = sha256(convert_to(idem_canonical(d, p), 'UTF8'))
 -- a number with no finite double (22003)
 SELECT idem_fingerprint('{"order": {"lines": [{"qty": 1e400}]}}');
 SELECT idem_canonical('[-1e309]');
+-- a scalar request is the whole document: its pointer is ""
+SELECT idem_canonical('-1e309');
 -- a number that is not zero but rounds to zero (22003)
 SELECT idem_fingerprint('{"rate": 1e-400}');
 -- a malformed pointer (22P02)
