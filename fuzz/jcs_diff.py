@@ -21,8 +21,10 @@ reproduces a run; document i depends only on (seed, i).
 import argparse
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import psycopg
@@ -102,21 +104,34 @@ def main():
     with psycopg.connect(autocommit=True) as conn:
         conn.execute("SET client_min_messages = warning")
         conn.execute(SETUP)
-        for start in range(0, args.docs, args.batch):
+        # the generator writes the next batch to a file while the server
+        # checks this one
+        tmpdir = tempfile.mkdtemp(prefix="jcs_diff.")
+        starts = list(range(0, args.docs, args.batch))
+
+        def generate(start):
             count = min(args.batch, args.docs - start)
-            conn.execute("TRUNCATE jcs_docs")
-            proc = subprocess.Popen([node, gen, str(seed), str(start), str(count)],
-                                    stdout=subprocess.PIPE)
-            with conn.cursor() as cur:
-                with cur.copy("COPY jcs_docs FROM STDIN") as copy:
-                    while True:
-                        data = proc.stdout.read(1 << 16)
-                        if not data:
-                            break
-                        copy.write(data)
+            path = os.path.join(tmpdir, f"{start}.tsv")
+            with open(path, "wb") as out:
+                proc = subprocess.Popen([node, gen, str(seed), str(start), str(count)], stdout=out)
+            return proc, path, count
+
+        pending = generate(starts[0])
+        for n_batch, start in enumerate(starts):
+            proc, path, count = pending
             if proc.wait() != 0:
                 sys.exit(f"jcs: {gen} failed (exit {proc.returncode})")
-            conn.execute("ANALYZE jcs_docs")
+            if n_batch + 1 < len(starts):
+                pending = generate(starts[n_batch + 1])
+            conn.execute("TRUNCATE jcs_docs")
+            with conn.cursor() as cur, open(path, "rb") as data:
+                with cur.copy("COPY jcs_docs FROM STDIN") as copy:
+                    while True:
+                        chunk = data.read(1 << 16)
+                        if not chunk:
+                            break
+                        copy.write(chunk)
+            os.unlink(path)
 
             try:
                 n, cd, hd, sd = conn.execute(FAST).fetchone()
@@ -158,6 +173,7 @@ def main():
                 print(f"jcs: {done}/{args.docs} documents, {len(failures)} differences, "
                       f"{time.monotonic() - t0:.0f} s", flush=True)
 
+    shutil.rmtree(tmpdir, ignore_errors=True)
     elapsed = time.monotonic() - t0
     errs = ", ".join(f"{k} {v}" for k, v in sorted(expected_errors.items())) or "none"
     print(f"jcs: {args.docs} documents in {elapsed:.1f} s: {compared} compared with canonicalize, "
