@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian 12 packages the extension, its tests and its demo need,
-# skipping what is already there.  Run as root.
+# skipping what is already there; packages named as arguments too (make
+# check-valgrind's).  Run as root.
 set -euo pipefail
 
 packages=(
@@ -12,6 +13,7 @@ packages=(
     curl                        # the demo talks HTTP to the example service
     make
     gcc
+    "$@"
 )
 
 missing=()
