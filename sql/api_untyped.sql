@@ -6,7 +6,7 @@ SELECT idem_canonical('{"b": 1, "a": [1.50, "x"]}');
 SELECT idem_canonical('{"b": 1, "a": 2}', '{/b}');
 SELECT encode(idem_fingerprint('{"amount": 1}'), 'hex');
 SELECT encode(idem_fingerprint('{"amount": 1, "t": 2}', '{/t}'), 'hex');
-SELECT idem_configure_scope('untyped', '{"ttl": "1 day"}') IS NOT NULL AS configured;
+SELECT scope, ttl FROM idem_configure_scope('untyped', '{"ttl": "1 day"}');
 
 BEGIN;
 SELECT outcome FROM idem_reserve('ut', 'untyped', 'k1', '{"amount": 1}');
