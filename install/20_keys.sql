@@ -7,27 +7,23 @@
  * caller's search_path.  Not STRICT: a NULL argument is an error with a
  * hint, not a silent NULL.
  */
-CREATE FUNCTION idem_reserve(tenant text, scope text, key text, request jsonb,
+/*
+ * One signature, so that a driver sending every parameter untyped (or psql
+ * literals) resolves the call to exactly one function: exactly one of
+ * request and fingerprint is given.
+ */
+CREATE FUNCTION idem_reserve(tenant text, scope text, key text,
+                             request jsonb DEFAULT NULL,
                              ttl interval DEFAULT NULL,
-                             wait interval DEFAULT '0')
+                             wait interval DEFAULT '0',
+                             fingerprint bytea DEFAULT NULL)
 RETURNS idempotency.reservation
-AS 'MODULE_PATHNAME', 'idem_reserve_request'
+AS 'MODULE_PATHNAME', 'idem_reserve'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
-COMMENT ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval) IS
-'reserve an idempotency key for a request: created, replay, in_progress, mismatch or stale';
-
-CREATE FUNCTION idem_reserve(tenant text, scope text, key text, fingerprint bytea,
-                             ttl interval DEFAULT NULL,
-                             wait interval DEFAULT '0')
-RETURNS idempotency.reservation
-AS 'MODULE_PATHNAME', 'idem_reserve_fingerprint'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp;
-
-COMMENT ON FUNCTION idem_reserve(text, text, text, bytea, interval, interval) IS
-'reserve an idempotency key for a request whose SHA-256 fingerprint the caller computed';
+COMMENT ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval, bytea) IS
+'reserve an idempotency key for a request (or its SHA-256 fingerprint): created, replay, in_progress, mismatch or stale';
 
 CREATE FUNCTION idem_complete(tenant text, scope text, key text,
                               response_code int, response_body jsonb,
@@ -62,13 +58,18 @@ COMMENT ON FUNCTION idem_release(text, text, text, uuid) IS
 'give a reservation up without storing a response: a retry runs afresh';
 
 CREATE FUNCTION idem_lookup(tenant text, scope text, key text)
-RETURNS SETOF idempotency.keys
+RETURNS TABLE (tenant_id text, scope text, idem_key text, fingerprint bytea,
+               status idempotency.status, locked_at timestamptz,
+               recovery_point text, response_code int, response_body jsonb,
+               response_headers jsonb, needs_reconciliation bool,
+               created_at timestamptz, completed_at timestamptz,
+               expires_at timestamptz)
 AS 'MODULE_PATHNAME', 'idem_lookup'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION idem_lookup(text, text, text) IS
-'the row of an idempotency key, without side effects';
+'the row of an idempotency key, without side effects and without its lock_token';
 
 /* Admin: an operator's verdict on a reservation flagged for reconciliation. */
 CREATE FUNCTION idem_resolve(tenant text, scope text, key text,
@@ -220,6 +221,19 @@ AS 'MODULE_PATHNAME', 'idem_scopes_changed'
 LANGUAGE C;
 
 REVOKE EXECUTE ON FUNCTION idempotency.scopes_changed() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval, bytea),
+    idem_complete(text, text, text, int, jsonb, jsonb, uuid),
+    idem_checkpoint(text, text, text, text, uuid),
+    idem_release(text, text, text, uuid),
+    idem_lookup(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval, bytea),
+    idem_complete(text, text, text, int, jsonb, jsonb, uuid),
+    idem_checkpoint(text, text, text, text, uuid),
+    idem_release(text, text, text, uuid),
+    idem_lookup(text, text, text) TO idempotency_app;
+GRANT EXECUTE ON FUNCTION idem_resolve(text, text, text, int, jsonb),
+    idem_configure_scope(text, jsonb) TO idempotency_admin;
 
 CREATE TRIGGER scopes_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.scopes
