@@ -23,9 +23,10 @@ Violations (each one fails the run):
   - a backend crash: the fuzzing connection or a sentinel connection that
     stays idle the whole run is lost, or the server log says "terminated by
     signal" (the log is found through pg_current_logfile(), or FUZZ_SERVER_LOG);
-  - a failed call that changed the tables: idempotency.keys, .outbox and
-    .scopes (row count and a checksum of every row) differ after ROLLBACK TO
-    SAVEPOINT from what they were before the call;
+  - a failed call that changed the tables: the extension's tables (from
+    the catalog: keys, outbox, scopes, ...; row count and a checksum of
+    every row) differ after ROLLBACK TO SAVEPOINT from what they were
+    before the call;
   - a failed call that wrote before raising: the transaction's tuple
     counters (pg_stat_get_xact_tuples_inserted/updated/deleted) of those
     tables moved, although every write was rolled back ("bad input raises
@@ -59,8 +60,6 @@ from psycopg.types.string import TextLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-TABLES = ["idempotency.keys", "idempotency.outbox", "idempotency.scopes"]
-
 CATALOG = r"""
 SELECT p.oid, n.nspname, p.proname, p.prokind, p.proretset,
        format_type(p.prorettype, NULL) AS rettype,
@@ -80,19 +79,30 @@ SELECT p.oid, n.nspname, p.proname, p.prokind, p.proretset,
  ORDER BY n.nspname, p.proname, p.oid
 """
 
-# row count and a checksum of every column of every row (each type's own
-# hash function: cheaper than the text form of a 5,000-level document)
-STATE = """
-SELECT %s
-""" % ", ".join(
-    f"(SELECT count(*)::text || ':' || coalesce(sum(hash_record_extended(t, 7)), 0)::text FROM {t} AS t)"
-    for t in TABLES) + ", " + ", ".join(
-    f"pg_stat_get_xact_tuples_inserted('{t}'::regclass) + pg_stat_get_xact_tuples_updated('{t}'::regclass)"
-    f" + pg_stat_get_xact_tuples_deleted('{t}'::regclass)" for t in TABLES)
+# the extension's tables, from the catalog
+TABLES_SQL = r"""
+SELECT format('%I.%I', n.nspname, c.relname)
+  FROM pg_depend d
+  JOIN pg_extension e ON e.oid = d.refobjid
+  JOIN pg_class c ON c.oid = d.objid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE d.refclassid = 'pg_extension'::regclass AND d.classid = 'pg_class'::regclass
+   AND d.deptype = 'e' AND e.extname = 'idempotency' AND c.relkind IN ('r', 'p')
+ ORDER BY 1
+"""
 
-COUNTERS = "SELECT " + ", ".join(
-    f"pg_stat_get_xact_tuples_inserted('{t}'::regclass) + pg_stat_get_xact_tuples_updated('{t}'::regclass)"
-    f" + pg_stat_get_xact_tuples_deleted('{t}'::regclass)" for t in TABLES)
+
+def state_queries(tables):
+    """STATE: row count and a checksum of every column of every row of each
+    table (each type's own hash function: cheaper than the text form of a
+    5,000-level document), then the transaction's tuple counters; COUNTERS:
+    the counters alone.  The names come from the catalog, quoted by
+    format('%I'), and are checked to be the extension's tables."""
+    counters = [f"pg_stat_get_xact_tuples_inserted('{t}'::regclass) + pg_stat_get_xact_tuples_updated('{t}'::regclass)"
+                f" + pg_stat_get_xact_tuples_deleted('{t}'::regclass)" for t in tables]
+    sums = [f"(SELECT count(*)::text || ':' || coalesce(sum(hash_record_extended(t, 7)), 0)::text FROM {t} AS t)"
+            for t in tables]
+    return "SELECT " + ", ".join(sums + counters), "SELECT " + ", ".join(counters)
 
 
 # Defects found by this fuzzer and reported, not fixed yet: their
@@ -373,6 +383,12 @@ class Fuzzer:
         for (oid, labels) in self.conn.execute(
                 "SELECT enumtypid, array_agg(enumlabel::text ORDER BY enumsortorder) FROM pg_enum GROUP BY 1"):
             self.enums[oid] = labels
+        self.tables = [t for (t,) in self.conn.execute(TABLES_SQL)]
+        self.STATE, self.COUNTERS = state_queries(self.tables)
+        self.role_names = [r for (r,) in self.conn.execute(
+            "SELECT rolname FROM pg_roles WHERE rolname !~ '^pg_' AND rolname NOT IN (current_user, 'idem_fuzz_all') "
+            "OR rolname = 'pg_monitor' ORDER BY 1")]
+        self.role_names += ["public", "PUBLIC", "-", "pg_signal_backend", "pg_database_owner"]
         self.gucs = self.conn.execute(
             "SELECT name, vartype, context, enumvals::text[] FROM pg_settings "
             "WHERE name LIKE 'idempotency.%' AND context IN ('user', 'superuser') ORDER BY name").fetchall()
@@ -435,6 +451,15 @@ class Fuzzer:
             return gen_float(rng)
         if typ.startswith("timestamp"):
             return gen_timestamptz(rng)
+        if typ == "regrole":
+            # the roles the calls run as only now and then: a binding of
+            # theirs refuses every other tenant
+            r = rng.random()
+            if r < 0.05:
+                return rng.choice(["idem_fuzz_all", "postgres"])
+            if r < 0.85:
+                return rng.choice(self.role_names)
+            return gen_text(rng, [])
         oid = f["argoids"][i]
         if oid in self.enums:
             return rng.choice(self.enums[oid] + ["", "bogus"])
@@ -511,7 +536,7 @@ class Fuzzer:
 
     # --- one call -----------------------------------------------------------
     def state(self):
-        return self.conn.execute(STATE).fetchone()
+        return self.conn.execute(self.STATE).fetchone()
 
     def multi(self, query):
         """several statements in one round trip; the result of each SELECT"""
@@ -543,7 +568,7 @@ class Fuzzer:
         try:
             if in_block:
                 # BEGIN; the transaction's tuple counters; [GUCs]; SAVEPOINT; [ROLE]
-                counters_before = self.multi(f"BEGIN ISOLATION LEVEL {iso}; {COUNTERS}")[0]
+                counters_before = self.multi(f"BEGIN ISOLATION LEVEL {iso}; {self.COUNTERS}")[0]
                 for (name, v) in gucs:
                     if name == "idempotency.tenant":
                         conn.execute("SELECT set_config(%s, %s, true)", (name, v))
@@ -571,22 +596,23 @@ class Fuzzer:
             finally:
                 self.call_started = None
             if sqlstate == "00000":
-                self.baseline = self.multi(f"COMMIT; {STATE}" if in_block else STATE)[0]
+                self.baseline = self.multi(f"COMMIT; {self.STATE}" if in_block else self.STATE)[0]
                 self.harvest(given, rows)
             elif not conn.closed:
                 # the tables as before the call, and nothing written meanwhile
                 if in_block:
-                    after = self.multi(f"ROLLBACK TO SAVEPOINT c; {STATE}; COMMIT")[0]
+                    after = self.multi(f"ROLLBACK TO SAVEPOINT c; {self.STATE}; COMMIT")[0]
                 else:
-                    after = self.multi(STATE)[0]
-                if after[:3] != before[:3]:
+                    after = self.multi(self.STATE)[0]
+                if after[:len(self.tables)] != before[:len(self.tables)]:
                     self.violation("partial write: the tables changed although the call failed", shown_full,
-                                   sqlstate, message, f"before {before[:3]} after {after[:3]}")
+                                   sqlstate, message, f"before {before[:len(self.tables)]} after {after[:len(self.tables)]}")
                     self.baseline = after
-                if in_block and tuple(after[3:]) != tuple(counters_before):
+                if in_block and tuple(after[len(self.tables):]) != tuple(counters_before):
                     self.violation("wrote before raising: tuple counters moved in a failed call", shown_full,
                                    sqlstate, message,
-                                   f"keys/outbox/scopes counters {tuple(counters_before)} -> {tuple(after[3:])}")
+                                   f"counters of {', '.join(self.tables)}: {tuple(counters_before)} -> "
+                                   f"{tuple(after[len(self.tables):])}")
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             if self.conn.closed or self.conn.broken:
                 self.violation("connection lost (backend crash?)", shown_full,
@@ -613,6 +639,10 @@ class Fuzzer:
             n = self.conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
             if n > 2000:
                 self.conn.execute(f"DELETE FROM {t} WHERE random() < 0.5")
+        if "idempotency.tenant_bindings" in self.tables and self.rng.chance(0.5):
+            # a binding of the roles the calls run as refuses every other
+            # tenant: let it live for a while only
+            self.conn.execute("DELETE FROM idempotency.tenant_bindings")
         self.conn.execute("DELETE FROM idempotency.keys WHERE pg_column_size(response_body) > 50000")
         self.conn.execute("DELETE FROM idempotency.outbox WHERE pg_column_size(payload) + "
                           "coalesce(pg_column_size(headers), 0) > 50000")
