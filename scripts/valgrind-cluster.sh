@@ -61,11 +61,11 @@ suite() {
 regress_args=()
 [ -n "${VALGRIND_REGRESS:-}" ] && regress_args=(REGRESS="$VALGRIND_REGRESS")
 isolation_args=()
-[ "${VALGRIND_ISOLATION:-all}" != all ] && isolation_args=(ISOLATION="$VALGRIND_ISOLATION")
+[ "${VALGRIND_ISOLATION-all}" != all ] && isolation_args=(ISOLATION="$VALGRIND_ISOLATION")
 
 suite regression make -s installcheck PG_CONFIG="$prefix/bin/pg_config" ISOLATION= TAP_TESTS= \
     "${regress_args[@]}"
-if [ "${VALGRIND_ISOLATION:-all}" != "" ]; then
+if [ "${VALGRIND_ISOLATION-all}" != "" ]; then
     suite isolation make -s installcheck PG_CONFIG="$prefix/bin/pg_config" REGRESS= TAP_TESTS= \
         "${isolation_args[@]}"
 fi
