@@ -27,7 +27,7 @@ CONF
 cat > "$vg/postgres" <<WRAP
 #!/bin/sh
 exec valgrind --quiet --trace-children=yes --track-origins=yes --read-var-info=no \\
-    --num-callers=40 --leak-check=no --gen-suppressions=all \\
+    --num-callers=40 --leak-check=no --gen-suppressions=all --fullpath-after= \\
     --suppressions="$WORK/scripts/valgrind.supp" \\
     --error-markers=VALGRINDERROR-BEGIN,VALGRINDERROR-END \\
     --log-file="$vg/logs/%p.log" "$prefix/bin/postgres" "\$@"
@@ -78,7 +78,7 @@ fi
 pg_ctl -D "$vg/data" -m fast -t 900 -w stop >/dev/null || echo "check-valgrind: the server did not stop cleanly"
 echo "check-valgrind: server under valgrind for $((SECONDS - start)) s"
 
-/usr/bin/python3 "$WORK/scripts/valgrind-report.py" "$vg/logs"
+/usr/bin/python3 "$WORK/scripts/valgrind-report.py" "$vg/logs" "$WORK"
 verdict=$?
 if [ ${#suites_failed[@]} -ne 0 ]; then
     echo "check-valgrind: suites with differences under valgrind: ${suites_failed[*]}"
