@@ -1,8 +1,10 @@
 # End-to-end: the example payments service (examples/payments) under real
 # concurrent HTTP clients, a worker killed with SIGKILL between the provider
 # call and the ack, an immediate shutdown of the database in the middle of
-# load, and the database down altogether.  Everything runs on 127.0.0.1 with
-# bounded request counts and deadlines.
+# load, and the database down altogether.  The service, the workers and the
+# operator each log in as a role of their own, granted one of the
+# extension's roles, never as a superuser.  Everything runs on 127.0.0.1
+# with bounded request counts and deadlines.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -12,6 +14,7 @@ use HTTP::Tiny;
 use JSON::PP;
 use POSIX ":sys_wait_h";
 use Time::HiRes qw(sleep time);
+use IPC::Run;
 use IdemTest qw(new_idem_node);
 
 my $python = '/usr/bin/python3';
@@ -19,11 +22,34 @@ plan skip_all => 'python3-psycopg is not installed'
   unless system("$python -c 'import psycopg' 2>/dev/null") == 0;
 
 my $node = new_idem_node('payments');
+# the DBA: tables and roles; the operator (idempotency_admin): the policy
 $node->safe_psql('postgres',
-	PostgreSQL::Test::Utils::slurp_file('examples/payments/schema.sql'));
+	PostgreSQL::Test::Utils::slurp_file("examples/payments/$_"))
+  for qw(schema.sql roles.sql);
+$node->safe_psql('postgres',
+	PostgreSQL::Test::Utils::slurp_file('examples/payments/scope.sql'),
+	extra_params => [ '-U', 'payments_ops' ]);
 
 my $logdir = $PostgreSQL::Test::Utils::log_path;
-my $dsn = $node->connstr('postgres');
+my $dsn = $node->connstr('postgres') . ' user=payments_service';
+my $worker_dsn = $node->connstr('postgres') . ' user=payments_worker';
+
+# what a connection made with exactly this DSN is allowed to be
+sub role_of
+{
+	my ($conninfo) = @_;
+	my ($out, $err);
+	IPC::Run::run([ 'psql', '-X', '-A', '-t', '-d', $conninfo, '-c',
+			"SELECT current_user || ' super=' || rolsuper || ' app=' || pg_has_role('idempotency_app', 'MEMBER') || ' worker=' || pg_has_role('idempotency_worker', 'MEMBER') FROM pg_roles WHERE rolname = current_user" ],
+		'>', \$out, '2>', \$err)
+	  or die "psql -d '$conninfo': $err";
+	chomp $out;
+	return $out;
+}
+is(role_of($dsn), 'payments_service super=false app=true worker=false',
+	'the service logs in as a non-superuser granted idempotency_app');
+is(role_of($worker_dsn), 'payments_worker super=false app=false worker=true',
+	'the worker logs in as a non-superuser granted idempotency_worker');
 my $service_port = PostgreSQL::Test::Cluster::get_free_port();
 my $provider_port = PostgreSQL::Test::Cluster::get_free_port();
 my $service_url = "http://127.0.0.1:$service_port";
@@ -64,11 +90,12 @@ sub psql1
 	return $node->safe_psql('postgres', $sql);
 }
 
-my %common = (PAYMENTS_DSN => $dsn, PROVIDER_URL => $provider_url);
+my %common = (PROVIDER_URL => $provider_url);
 my $provider = spawn('provider', { PROVIDER_PORT => $provider_port },
 	$python, 'examples/payments/provider.py');
 my $service = spawn('service',
-	{ %common, PAYMENTS_PORT => $service_port, PAYMENTS_PROCESSING_DELAY => '0.05' },
+	{ %common, PAYMENTS_DSN => $dsn, PAYMENTS_PORT => $service_port,
+	  PAYMENTS_PROCESSING_DELAY => '0.05' },
 	$python, 'examples/payments/service.py');
 ok(wait_http("$provider_url/_ledger"), 'provider is up');
 ok(wait_http("$service_url/healthz"), 'service is up');
@@ -185,7 +212,7 @@ while (time() < $deadline)
 			$slots[$i] = undef;
 		}
 		# crash-prone workers until several crashes were seen, then clean ones
-		my %env = (%common, WORKER_NAME => "w$i-$crashes",
+		my %env = (%common, PAYMENTS_DSN => $worker_dsn, WORKER_NAME => "w$i-$crashes",
 			WORKER_LEASE => 2, WORKER_BATCH => 3);
 		$env{WORKER_CRASH_AFTER_CALLS} = 2 if $crashes < 4;
 		$slots[$i] = spawn("worker$i", \%env, $python,
@@ -277,6 +304,19 @@ $ledger = $json->decode($http->get("$provider_url/_ledger")->{content});
 is( scalar keys %{ $ledger->{captures} },
 	psql1('SELECT count(*) FROM payments.charges'),
 	'provider captures match charges after the restart');
+
+# the operator, as payments_ops (idempotency_admin): maintenance and health
+my @ops = (extra_params => [ '-U', 'payments_ops' ]);
+$node->safe_psql('postgres', 'CALL idem_maintain()', @ops);
+is( $node->safe_psql('postgres',
+		"SELECT needs_reconciliation || '/' || outbox_pending || '/' || outbox_leased || '/' || outbox_dead FROM idempotency.health",
+		@ops),
+	'0/0/0/0',
+	'the operator sees nothing to reconcile and an empty outbox');
+my $svclog = PostgreSQL::Test::Utils::slurp_file("$logdir/service.log");
+like($svclog, qr/database role payments_service$/m,
+	'the service reports its role');
+unlike($svclog, qr/WARNING: .* superuser/, 'and it is not a superuser');
 
 kill 'KILL', grep { defined } @slots, $service, $provider;
 waitpid($_, 0) for grep { defined } @slots, $service, $provider;

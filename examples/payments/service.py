@@ -22,6 +22,11 @@ different body 422, replays carry Idempotent-Replayed: true, errors are
 application/problem+json.  The service fails closed: when the database cannot
 be reached it answers 503 and charges nothing.
 
+The service logs in as a role granted idempotency_app (roles.sql), not as a
+superuser.  PAYMENTS_DSN may list several hosts with
+target_session_attrs=read-write: after a failover the service's next
+connection goes to the promoted standby.
+
 Configuration (environment): PAYMENTS_DSN (libpq connection string),
 PAYMENTS_PORT (default 8080), PAYMENTS_PROCESSING_DELAY (seconds of simulated
 work inside the transaction, default 0).
@@ -276,8 +281,30 @@ class Handler(BaseHTTPRequestHandler):
             self.send_problem(p)
 
 
+def report_role(program, extension_role):
+    """Say which database role the program runs as; warn if it is a superuser.
+
+    The program should log in as a role of its own granted the extension's
+    role (see roles.sql), never as a superuser.
+    """
+    try:
+        with psycopg.connect(DSN, connect_timeout=3) as conn:
+            user, superuser = conn.execute(
+                "SELECT current_user::text, rolsuper FROM pg_roles"
+                " WHERE rolname = current_user").fetchone()
+    except psycopg.Error as e:
+        sys.stderr.write("%s: database not reachable yet (%s)\n" % (program, e))
+        return
+    sys.stderr.write("%s: database role %s\n" % (program, user))
+    if superuser:
+        sys.stderr.write("%s: WARNING: %s is a superuser; log in as a role granted %s"
+                         " instead (examples/payments/roles.sql)\n"
+                         % (program, user, extension_role))
+
+
 def main():
     port = int(os.environ.get("PAYMENTS_PORT", "8080"))
+    report_role("payments", "idempotency_app")
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     sys.stderr.write("payments: listening on 127.0.0.1:%d\n" % port)

@@ -14,6 +14,9 @@ land), and the provider, seeing the same key, does not capture twice.
 Between claims the worker sleeps on LISTEN idempotency_outbox (sent when an
 enqueueing transaction commits), polling at least every POLL seconds.
 
+The worker logs in as a role granted idempotency_worker plus UPDATE on the
+charges it marks captured (roles.sql), not as a superuser.
+
 Configuration (environment): PAYMENTS_DSN, PROVIDER_URL (default
 http://127.0.0.1:8090), WORKER_NAME, WORKER_LEASE (seconds, default 30),
 WORKER_BATCH (default 10).  WORKER_CRASH_AFTER_CALLS=N makes the worker kill
@@ -95,7 +98,25 @@ def work_once(conn):
     return len(rows)
 
 
+def report_role():
+    """Say which database role the worker runs as; warn if it is a superuser."""
+    try:
+        with psycopg.connect(DSN, connect_timeout=3) as conn:
+            user, superuser = conn.execute(
+                "SELECT current_user::text, rolsuper FROM pg_roles"
+                " WHERE rolname = current_user").fetchone()
+    except psycopg.Error as e:
+        sys.stderr.write("%s: database not reachable yet (%s)\n" % (NAME, e))
+        return
+    sys.stderr.write("%s: database role %s\n" % (NAME, user))
+    if superuser:
+        sys.stderr.write("%s: WARNING: %s is a superuser; log in as a role granted"
+                         " idempotency_worker instead (examples/payments/roles.sql)\n"
+                         % (NAME, user))
+
+
 def main():
+    report_role()
     while True:
         try:
             conn = psycopg.connect(DSN, autocommit=False, connect_timeout=3)
