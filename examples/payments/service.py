@@ -29,7 +29,9 @@ connection goes to the promoted standby.
 
 Configuration (environment): PAYMENTS_DSN (libpq connection string),
 PAYMENTS_PORT (default 8080), PAYMENTS_PROCESSING_DELAY (seconds of simulated
-work inside the transaction, default 0).
+work inside the transaction, default 0), PAYMENTS_POOL_SIZE (database
+connections at most, default 10), PAYMENTS_POOL_WAIT (seconds a request
+waits for one, default 5).
 """
 
 import json
@@ -55,20 +57,35 @@ DSN = os.environ.get("PAYMENTS_DSN", "")
 PROCESSING_DELAY = float(os.environ.get("PAYMENTS_PROCESSING_DELAY", "0"))
 
 
-class ConnectionPool:
-    """A minimal pool: idle connections are reused, broken ones dropped."""
+class PoolTimeout(Exception):
+    """Every connection of the pool stayed busy for PAYMENTS_POOL_WAIT."""
 
-    def __init__(self, dsn, max_idle=16):
+
+class ConnectionPool:
+    """A minimal bounded pool: at most "size" connections at a time, idle
+    ones reused, broken ones dropped.  The bound keeps a crowd of retrying
+    clients (after an outage, a failover) from opening a connection each and
+    exhausting the database's max_connections: requests over it wait for a
+    connection, then fail closed with 503."""
+
+    def __init__(self, dsn, size=10, wait=5.0):
         self.dsn = dsn
-        self.max_idle = max_idle
+        self.wait = wait
+        self.slots = threading.BoundedSemaphore(size)
         self.idle = []
         self.lock = threading.Lock()
 
     def get(self):
+        if not self.slots.acquire(timeout=self.wait):
+            raise PoolTimeout()
         with self.lock:
             if self.idle:
                 return self.idle.pop()
-        return psycopg.connect(self.dsn, connect_timeout=3)
+        try:
+            return psycopg.connect(self.dsn, connect_timeout=3)
+        except BaseException:
+            self.slots.release()
+            raise
 
     def clear(self):
         with self.lock:
@@ -80,13 +97,16 @@ class ConnectionPool:
         ok = (not conn.closed
               and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
         with self.lock:
-            if ok and len(self.idle) < self.max_idle:
+            if ok:
                 self.idle.append(conn)
-                return
-        conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+        self.slots.release()
 
 
-POOL = ConnectionPool(DSN)
+POOL = ConnectionPool(DSN, int(os.environ.get("PAYMENTS_POOL_SIZE", "10")),
+                      float(os.environ.get("PAYMENTS_POOL_WAIT", "5")))
 
 
 class Problem(Exception):
@@ -266,8 +286,9 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 status, rbody, rheaders, replayed = create_charge(
                     tenant, key, body, amount, currency, customer)
-            except psycopg.OperationalError:
-                # the database is unreachable: fail closed, charge nothing
+            except (psycopg.OperationalError, PoolTimeout):
+                # the database is unreachable (or every connection is busy):
+                # fail closed, charge nothing
                 raise Problem(503, "Service unavailable",
                               "The payments database is unreachable; retry with the same "
                               "Idempotency-Key.", {"Retry-After": "1"})
