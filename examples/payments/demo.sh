@@ -84,18 +84,18 @@ sleep 0.3
 charge order-1002 '{"amount": 10.00, "currency": "USD", "customer": "cus_8"}' >"$LOGS/b"
 wait $first
 cat "$LOGS/a" "$LOGS/b"
-echo "== charges so far (one per key):"
-psql -X -c "SELECT id, tenant_id, idem_key, amount, currency, status FROM payments.charges ORDER BY id"
+echo "== charges so far (one per key), as the operator sees them:"
+as_ops -c "SELECT id, tenant_id, idem_key, amount, currency, status FROM payments.charges ORDER BY id"
 
 echo "== 6. the worker claims the outbox and captures each charge at the provider, once"
 PAYMENTS_DSN=$WORKER_DSN WORKER_NAME=demo-worker WORKER_LEASE=5 \
     $PY worker.py 2>"$LOGS/worker.log" & pids+=($!)
 for _ in $(seq 50); do
-    [ "$(psql -X -Atc "SELECT count(*) FROM idempotency.outbox WHERE status <> 'done'")" = 0 ] && break
+    [ "$(as_ops -Atc "SELECT count(*) FROM idempotency.outbox WHERE status <> 'done'")" = 0 ] && break
     sleep 0.2
 done
-psql -X -c "SELECT id, topic, idem_key, status, attempts, provider_ref FROM idempotency.outbox WHERE topic = 'charge.capture' ORDER BY id"
-psql -X -c "SELECT id, idem_key, status, provider_ref FROM payments.charges ORDER BY id"
+as_ops -c "SELECT id, topic, idem_key, status, attempts, provider_ref FROM idempotency.outbox WHERE topic = 'charge.capture' ORDER BY id"
+as_ops -c "SELECT id, idem_key, status, provider_ref FROM payments.charges ORDER BY id"
 echo "\$ curl $PROVIDER_URL/_ledger"
 curl -s "$PROVIDER_URL/_ledger"; echo
 echo
