@@ -9,6 +9,7 @@ use warnings;
 use Exporter 'import';
 use HTTP::Tiny;
 use JSON::PP;
+use POSIX ();
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep time);
@@ -41,7 +42,11 @@ sub install_payments
 }
 
 # Start a program in the background, output appended to a log file in the
-# test's log directory; returns its pid.
+# test's log directory; returns its pid.  Whatever is still running when the
+# test ends (even by dying half-way) is killed.
+my @spawned;
+my $test_pid = $$;
+
 sub spawn
 {
 	my ($name, $env, @cmd) = @_;
@@ -53,9 +58,22 @@ sub spawn
 		open(STDOUT, '>>', "$logdir/$name.log") or die;
 		open(STDERR, '>&', \*STDOUT) or die;
 		%ENV = (%ENV, %$env);
-		exec(@cmd) or die "exec @cmd: $!";
+		exec(@cmd) or POSIX::_exit(127);
 	}
+	push @spawned, $pid;
 	return $pid;
+}
+
+END
+{
+	local $?;    # keep the test's exit status
+	if ($$ == $test_pid)
+	{
+		for my $pid (@spawned)
+		{
+			kill('KILL', $pid) if waitpid($pid, POSIX::WNOHANG()) == 0;
+		}
+	}
 }
 
 sub wait_http
