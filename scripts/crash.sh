@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make crash: the reliability runs on their own, with more injected crashes
-# than "make test" uses: the failover test (t/091) and the crash injection
-# test (t/092) with CRASHES crashes (default 60).  Run as root; each test
+# than "make test" uses: the failover test (t/095) and the crash injection
+# test (t/096) with CRASHES crashes (default 60).  Run as root; each test
 # starts its own clusters.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,7 +16,7 @@ echo "crash: failover, then $crashes injected crashes"
 rc=0
 as_postgres env IDEM_CRASHES="$crashes" make -C "$WORK" -s installcheck \
     REGRESS= ISOLATION= \
-    PROVE_TESTS='t/091_payments_failover.pl t/092_crash_injection.pl' || rc=$?
+    PROVE_TESTS='t/095_payments_failover.pl t/096_crash_injection.pl' || rc=$?
 if [ $rc -eq 0 ]; then
     rm -rf "$WORK"
 else
