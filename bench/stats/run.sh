@@ -10,15 +10,17 @@
 # Each request is one new key reserved in its own transaction (one
 # statement, the cheapest call, so that the cost of counting shows), with
 # synchronous_commit = off so that the WAL flush does not hide CPU costs.
-# The two runs alternate (A B B A ...); ratios are taken within a round and
-# averaged.  DURATION, CLIENTS and ROUNDS override the defaults (10 s,
-# 4 clients on 2 threads, 2 rounds).  Runs inside pg_virtualenv as postgres
+# The two runs alternate (A B B A ...), several short rounds rather than
+# two long ones because the machine may be shared: ratios are taken within a
+# round, and the goal is checked on their median (their mean is printed
+# too).  DURATION, CLIENTS and ROUNDS override the defaults (5 s, 4 clients
+# on 2 threads, 6 rounds).  Runs inside pg_virtualenv as postgres
 # (bench/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")"
-DURATION=${DURATION:-10}
+DURATION=${DURATION:-5}
 CLIENTS=${CLIENTS:-4}
-ROUNDS=${ROUNDS:-2}
+ROUNDS=${ROUNDS:-6}
 DB=bench_stats
 
 dropdb --if-exists "$DB" 2>/dev/null
@@ -65,15 +67,20 @@ echo "stats: idem_reserve of a new key, $CLIENTS clients, ${DURATION}s per run,"
      "$ROUNDS rounds, -M prepared, synchronous_commit off," \
      "stats_max_entries $max_entries"
 printf '%-8s %12s %12s %8s\n' round "10 tenants" "100,000" ratio
-sum=0
+ratios=()
 for round in $(seq 1 "$ROUNDS"); do
     r=$(awk -v a="${tps_of[100000.$round]}" -v b="${tps_of[10.$round]}" \
         'BEGIN { printf "%.3f", a / b }')
-    sum=$(awk -v s="$sum" -v r="$r" 'BEGIN { print s + r }')
+    ratios+=("$r")
     printf '%-8s %12s %12s %8s\n' "$round" "${tps_of[10.$round]}" \
         "${tps_of[100000.$round]}" "$r"
 done
-mean=$(awk -v s="$sum" -v n="$ROUNDS" 'BEGIN { printf "%.3f", s / n }')
-verdict=$(awk -v m="$mean" 'BEGIN { print (m >= 0.95) ? "met" : "NOT met" }')
-echo "100,000 tenants vs 10 tenants: ${mean}x (goal >= 0.95: $verdict)"
+sorted=$(printf '%s\n' "${ratios[@]}" | sort -n)
+median=$(echo "$sorted" | awk '{ v[NR] = $1 } END {
+    if (NR % 2) printf "%.3f", v[(NR + 1) / 2];
+    else printf "%.3f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+mean=$(echo "$sorted" | awk '{ s += $1 } END { printf "%.3f", s / NR }')
+verdict=$(awk -v m="$median" 'BEGIN { print (m >= 0.95) ? "met" : "NOT met" }')
+echo "100,000 tenants vs 10 tenants: median ${median}x, mean ${mean}x" \
+     "(goal: median >= 0.95, within 5%: $verdict)"
 dropdb "$DB"
