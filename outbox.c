@@ -409,7 +409,8 @@ outbox_map_columns(TupleDesc result, TupleDesc returned)
 			continue;
 		map[a] = outbox_column(returned, NameStr(attr->attname));
 		if (TupleDescAttr(returned, map[a] - 1)->atttypid != attr->atttypid)
-			elog(ERROR, "outbox lease returned column \"%s\" of type %u, expected %u",
+			elog(ERROR,
+				 "outbox lease returned column \"%s\" of type %u, expected %u",
 				 NameStr(attr->attname),
 				 TupleDescAttr(returned, map[a] - 1)->atttypid,
 				 attr->atttypid);
@@ -561,8 +562,8 @@ outbox_notify_at_commit(const char *topic)
  *
  * Inserts one pending row in the caller's transaction and arranges a
  * NOTIFY on idempotency_outbox with the topic as payload at commit; both
- * vanish if the transaction rolls back.  Takes no lock beyond the inserted row.  NULL
- * deliver_after means now; NULL max_attempts means
+ * vanish if the transaction rolls back.  Takes no lock beyond the inserted
+ * row.  NULL deliver_after means now; NULL max_attempts means
  * idempotency.outbox_max_attempts.
  */
 Datum

@@ -406,29 +406,34 @@ idem_stats_evict(void)
 {
 	HASH_SEQ_STATUS hash_seq;
 	IdemStatsEntry *entry;
+	long		nentries;
 	int			nvictims;
 	int			nheap = 0;
 	int			i;
 
 	if (idem_stats_victims == NULL)
-		idem_stats_victims = (IdemStatsEntry **)
-			MemoryContextAllocExtended(TopMemoryContext,
-									   sizeof(IdemStatsEntry *) *
-									   idem_stats_victim_count(idem_stats_max_entries),
-									   MCXT_ALLOC_NO_OOM);
-	if (idem_stats_victims == NULL)
-		return false;
+	{
+		Size		size = sizeof(IdemStatsEntry *) *
+			idem_stats_victim_count(idem_stats_max_entries);
 
-	nvictims = idem_stats_victim_count(Min(hash_get_num_entries(idem_stats_hash),
-										   idem_stats_max_entries));
+		idem_stats_victims = (IdemStatsEntry **)
+			MemoryContextAllocExtended(TopMemoryContext, size,
+									   MCXT_ALLOC_NO_OOM);
+		if (idem_stats_victims == NULL)
+			return false;
+	}
+
+	nentries = Min(hash_get_num_entries(idem_stats_hash),
+				   idem_stats_max_entries);
+	nvictims = idem_stats_victim_count(nentries);
 
 	hash_seq_init(&hash_seq, idem_stats_hash);
 	while ((entry = hash_seq_search(&hash_seq)) != NULL)
 	{
 		uint64		requests = idem_stats_requests(entry);
 
-		entry->usage = (entry->usage + (double) (requests - entry->usage_counted))
-			* USAGE_DECAY_FACTOR;
+		entry->usage += (double) (requests - entry->usage_counted);
+		entry->usage *= USAGE_DECAY_FACTOR;
 		entry->usage_counted = requests;
 
 		if (nheap < nvictims)
