@@ -72,8 +72,10 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM idempotency.stats'),
 # then 40 new tenants making requests
 $node->safe_psql(
 	'postgres', q{
+	BEGIN;
 	SELECT idem_reserve('busy', 'orders', 'b1', '{}'::jsonb);
 	SELECT idem_complete('busy', 'orders', 'b1', 200, '{}');
+	COMMIT;
 	SELECT count(idem_reserve('busy', 'orders', 'b1', '{}'::jsonb))
 	  FROM generate_series(1, 20);
 });
