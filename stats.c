@@ -64,6 +64,7 @@
 #include "catalog/pg_control.h"
 #include "catalog/pg_database.h"
 #include "common/controldata_utils.h"
+#include "common/hashfn.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -119,8 +120,9 @@ typedef struct IdemStatsKey
 typedef struct IdemStatsEntry
 {
 	IdemStatsKey key;			/* hash key: must be first */
+	/* usage: an eviction reads these two, next to each other */
+	pg_atomic_uint64 calls;		/* requests counted since the last eviction */
 	double		usage;			/* under the lock in exclusive mode only */
-	uint64		usage_counted;	/* request counts already added to usage */
 	pg_atomic_uint64 counters[IDEM_STAT_NCOUNTERS];
 } IdemStatsEntry;
 
@@ -172,10 +174,11 @@ static void idem_stats_shmem_shutdown(int code, Datum arg);
 static Size idem_stats_memsize(void);
 static void idem_stats_make_key(IdemStatsKey *key, Oid dbid,
 								const char *tenant, const char *scope);
+static uint32 idem_stats_key_hash(const void *key, Size keysize);
 static int	idem_stats_victim_count(long nentries);
 static bool idem_stats_evict(void);
 static IdemStatsEntry *idem_stats_enter(const IdemStatsKey *key,
-										bool may_evict);
+										uint32 hashcode, bool may_evict);
 static void idem_stats_object_access(ObjectAccessType access, Oid classId,
 									 Oid objectId, int subId, void *arg);
 static void idem_stats_xact_callback(XactEvent event, void *arg);
@@ -270,11 +273,12 @@ idem_stats_shmem_startup(void)
 	memset(&info, 0, sizeof(info));
 	info.keysize = sizeof(IdemStatsKey);
 	info.entrysize = sizeof(IdemStatsEntry);
+	info.hash = idem_stats_key_hash;
 	idem_stats_hash = ShmemInitHash("idempotency stats hash",
 									idem_stats_max_entries,
 									idem_stats_max_entries,
 									&info,
-									HASH_ELEM | HASH_BLOBS);
+									HASH_ELEM | HASH_FUNCTION);
 
 	LWLockRelease(AddinShmemInitLock);
 
@@ -288,7 +292,7 @@ idem_stats_shmem_startup(void)
 
 /*
  * idem_stats_make_key
- *		Build a zero-padded hash key (HASH_BLOBS hashes all of it), cutting
+ *		Build a zero-padded hash key (keys are compared with memcmp), cutting
  *		long names on a character boundary.
  */
 static void
@@ -312,6 +316,25 @@ idem_stats_make_key(IdemStatsKey *key, Oid dbid, const char *tenant,
 }
 
 /*
+ * idem_stats_key_hash
+ *		Hash of the names and the database, not of the zero padding: for
+ *		short names that is a tenth of the bytes HASH_BLOBS would hash, and
+ *		a new pair's count hashes its key once per eviction candidate too.
+ */
+static uint32
+idem_stats_key_hash(const void *key, Size keysize pg_attribute_unused())
+{
+	const IdemStatsKey *k = (const IdemStatsKey *) key;
+	uint32		h;
+
+	h = hash_bytes((const unsigned char *) k->tenant,
+				   strnlen(k->tenant, IDEM_STATS_NAME_LEN));
+	h = hash_combine(h, hash_bytes((const unsigned char *) k->scope,
+								   strnlen(k->scope, IDEM_STATS_NAME_LEN)));
+	return hash_combine(h, hash_bytes_uint32(k->dbid));
+}
+
+/*
  * Does this counter count a request?  Only those make an entry "used", and
  * only those may evict another entry to make room for a new pair.
  */
@@ -319,19 +342,6 @@ static inline bool
 idem_stats_is_request(IdemCounter counter)
 {
 	return counter != IDEM_STAT_REAPED && counter != IDEM_STAT_SWEPT;
-}
-
-/* Requests an entry has counted so far: the raw material of its usage. */
-static uint64
-idem_stats_requests(IdemStatsEntry *entry)
-{
-	uint64		total = 0;
-	int			c;
-
-	for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
-		if (idem_stats_is_request((IdemCounter) c))
-			total += pg_atomic_read_u64(&entry->counters[c]);
-	return total;
 }
 
 /* How many entries one eviction removes from a table of "nentries". */
@@ -410,6 +420,8 @@ idem_stats_evict(void)
 	int			nvictims;
 	int			nheap = 0;
 	int			i;
+	int			c;
+	uint64		folded[IDEM_STAT_NCOUNTERS];
 
 	if (idem_stats_victims == NULL)
 	{
@@ -430,11 +442,15 @@ idem_stats_evict(void)
 	hash_seq_init(&hash_seq, idem_stats_hash);
 	while ((entry = hash_seq_search(&hash_seq)) != NULL)
 	{
-		uint64		requests = idem_stats_requests(entry);
+		uint64		calls = pg_atomic_read_u64(&entry->calls);
 
-		entry->usage += (double) (requests - entry->usage_counted);
+		/* no one else holds the lock: plain reads and writes suffice */
+		if (calls > 0)
+		{
+			entry->usage += (double) calls;
+			pg_atomic_write_u64(&entry->calls, 0);
+		}
 		entry->usage *= USAGE_DECAY_FACTOR;
-		entry->usage_counted = requests;
 
 		if (nheap < nvictims)
 		{
@@ -449,16 +465,16 @@ idem_stats_evict(void)
 		}
 	}
 
+	memset(folded, 0, sizeof(folded));
 	for (i = 0; i < nheap; i++)
 	{
-		int			c;
-
 		entry = idem_stats_victims[i];
 		for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
-			pg_atomic_fetch_add_u64(&idem_stats_state->other[c],
-									pg_atomic_read_u64(&entry->counters[c]));
+			folded[c] += pg_atomic_read_u64(&entry->counters[c]);
 		hash_search(idem_stats_hash, &entry->key, HASH_REMOVE, NULL);
 	}
+	for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+		pg_atomic_fetch_add_u64(&idem_stats_state->other[c], folded[c]);
 	return true;
 }
 
@@ -469,12 +485,13 @@ idem_stats_evict(void)
  *		NULL when there is no room (the caller counts under "(other)").
  */
 static IdemStatsEntry *
-idem_stats_enter(const IdemStatsKey *key, bool may_evict)
+idem_stats_enter(const IdemStatsKey *key, uint32 hashcode, bool may_evict)
 {
 	IdemStatsEntry *entry;
 	bool		found;
 
-	entry = hash_search(idem_stats_hash, key, HASH_FIND, NULL);
+	entry = hash_search_with_hash_value(idem_stats_hash, key, hashcode,
+										HASH_FIND, NULL);
 	if (entry != NULL)
 		return entry;
 
@@ -483,13 +500,14 @@ idem_stats_enter(const IdemStatsKey *key, bool may_evict)
 		return NULL;
 
 	/* HASH_ENTER_NULL: running out of shared memory must not raise */
-	entry = hash_search(idem_stats_hash, key, HASH_ENTER_NULL, &found);
+	entry = hash_search_with_hash_value(idem_stats_hash, key, hashcode,
+										HASH_ENTER_NULL, &found);
 	if (entry != NULL && !found)
 	{
 		int			c;
 
 		entry->usage = USAGE_INIT;
-		entry->usage_counted = 0;
+		pg_atomic_init_u64(&entry->calls, 0);
 		for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
 			pg_atomic_init_u64(&entry->counters[c], 0);
 	}
@@ -509,6 +527,7 @@ idem_stats_count(const char *tenant, const char *scope,
 				 IdemCounter counter, int64 n)
 {
 	IdemStatsKey key;
+	uint32		hashcode;
 	IdemStatsEntry *entry;
 	bool		request;
 
@@ -519,12 +538,16 @@ idem_stats_count(const char *tenant, const char *scope,
 
 	request = idem_stats_is_request(counter);
 	idem_stats_make_key(&key, MyDatabaseId, tenant, scope);
+	hashcode = get_hash_value(idem_stats_hash, &key);
 
 	LWLockAcquire(idem_stats_state->lock, LW_SHARED);
-	entry = hash_search(idem_stats_hash, &key, HASH_FIND, NULL);
+	entry = hash_search_with_hash_value(idem_stats_hash, &key, hashcode,
+										HASH_FIND, NULL);
 	if (entry != NULL)
 	{
 		pg_atomic_fetch_add_u64(&entry->counters[counter], (uint64) n);
+		if (request)
+			pg_atomic_fetch_add_u64(&entry->calls, 1);
 		LWLockRelease(idem_stats_state->lock);
 		return;
 	}
@@ -539,9 +562,13 @@ idem_stats_count(const char *tenant, const char *scope,
 	LWLockRelease(idem_stats_state->lock);
 
 	LWLockAcquire(idem_stats_state->lock, LW_EXCLUSIVE);
-	entry = idem_stats_enter(&key, request);
+	entry = idem_stats_enter(&key, hashcode, request);
 	if (entry != NULL)
+	{
 		pg_atomic_fetch_add_u64(&entry->counters[counter], (uint64) n);
+		if (request)
+			pg_atomic_fetch_add_u64(&entry->calls, 1);
+	}
 	else
 		pg_atomic_fetch_add_u64(&idem_stats_state->other[counter], (uint64) n);
 	LWLockRelease(idem_stats_state->lock);
@@ -695,6 +722,7 @@ idem_stats_load(void)
 	for (i = 0; i < nentries; i++)
 	{
 		IdemStatsFileEntry saved;
+		IdemStatsKey key;
 		IdemStatsEntry *entry;
 		int			c;
 
@@ -710,9 +738,11 @@ idem_stats_load(void)
 		}
 		else if (fread(&saved, sizeof(saved), 1, file) != 1)
 			goto bad_file;
-		/* never trust the file's strings to be terminated */
+		/* never trust the file's strings to be terminated, nor padded */
 		saved.key.tenant[IDEM_STATS_NAME_LEN - 1] = '\0';
 		saved.key.scope[IDEM_STATS_NAME_LEN - 1] = '\0';
+		key = saved.key;
+		idem_stats_make_key(&saved.key, key.dbid, key.tenant, key.scope);
 
 		if (!OidIsValid(saved.key.dbid))
 		{
@@ -722,7 +752,9 @@ idem_stats_load(void)
 			continue;
 		}
 
-		entry = idem_stats_enter(&saved.key, true);
+		entry = idem_stats_enter(&saved.key,
+								 get_hash_value(idem_stats_hash, &saved.key),
+								 true);
 		if (entry == NULL)
 		{
 			for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
@@ -733,7 +765,6 @@ idem_stats_load(void)
 		for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
 			pg_atomic_fetch_add_u64(&entry->counters[c], saved.counters[c]);
 		entry->usage = saved.usage;
-		entry->usage_counted = idem_stats_requests(entry);
 	}
 
 	FreeFile(file);
@@ -800,7 +831,7 @@ idem_stats_shmem_shutdown(int code, Datum arg pg_attribute_unused())
 		memcpy(&saved.key, &entry->key, sizeof(IdemStatsKey));
 		/* requests not yet folded into usage count as they would have */
 		saved.usage = entry->usage +
-			(double) (idem_stats_requests(entry) - entry->usage_counted);
+			(double) pg_atomic_read_u64(&entry->calls);
 		for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
 			saved.counters[c] = pg_atomic_read_u64(&entry->counters[c]);
 		if (fwrite(&saved, sizeof(saved), 1, file) != 1)
