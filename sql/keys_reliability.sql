@@ -99,17 +99,21 @@ SELECT pg_temp.err(format('SELECT idem_complete(%L, %L, %L, 200, %L, NULL, %L)',
 -- one (then accepted, or "timestamp out of range").
 --
 SELECT count(*) AS rows_before FROM idempotency.keys WHERE tenant_id = 'kr_a' \gset
+-- (each call on a key of its own, and a statement_timeout: a wait accepted
+-- by mistake on a key in progress would otherwise block for ever)
+SET statement_timeout = '20s';
 SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-1', ttl => '100000000 years', fingerprint => sha256('b'))$$);
-SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-1', ttl => '50000000 years', fingerprint => sha256('b'))$$);
-SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-1', ttl => '-100000000 years', fingerprint => sha256('b'))$$);
-SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-1', ttl => '365001 days', fingerprint => sha256('b'))$$);
-SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-1', wait => '100000000 years', fingerprint => sha256('b'))$$);
-SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-1', wait => '50000000 years', fingerprint => sha256('b'))$$);
-SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-1', wait => '1 day 1 second', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-2', ttl => '50000000 years', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-3', ttl => '-100000000 years', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-4', ttl => '365001 days', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-5', wait => '100000000 years', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-6', wait => '50000000 years', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-7', wait => '1 day 1 second', fingerprint => sha256('b'))$$);
 -- a ttl positive when a month counts 30 days, that still ends in the past:
 -- 100 years back is at least 36524 days, 36100 days forward
 SELECT interval '-100 years 36100 days' > interval '0' AS looks_positive;
-SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-1', ttl => '-100 years 36100 days', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-8', ttl => '-100 years 36100 days', fingerprint => sha256('b'))$$);
+RESET statement_timeout;
 SELECT count(*) - :rows_before AS new_rows FROM idempotency.keys WHERE tenant_id = 'kr_a';
 -- the limits themselves are accepted
 SELECT outcome, expires_at > now() + interval '365000 days' - interval '1 minute' AS far

@@ -72,7 +72,11 @@ my $warm = $node->background_psql('postgres', on_error_stop => 0);
 $warm->set_query_timer_restart();
 round($warm, 'first use');
 
-# rebuilds under the warm session, each followed by a round in it
+# Rebuilds under warm sessions, each followed by a round in them: in the
+# long-lived session, which has seen every rebuild so far, and in a session
+# warmed just before this one rebuild (so that each rebuild is checked on
+# its own).  Only the REINDEX ... CONCURRENTLY forms give keys_pkey a new
+# OID; the others keep the OIDs and change the relfilenode.
 for my $ddl (
 	'REINDEX INDEX CONCURRENTLY idempotency.keys_pkey',
 	'REINDEX TABLE idempotency.keys',
@@ -85,8 +89,13 @@ for my $ddl (
 	'REINDEX SCHEMA CONCURRENTLY idempotency',
 	'VACUUM FULL idempotency.scopes')
 {
+	my $fresh = $node->background_psql('postgres', on_error_stop => 0);
+	$fresh->set_query_timer_restart();
+	round($fresh, "before $ddl, fresh session");
 	$node->safe_psql('postgres', $ddl);
+	round($fresh, "after $ddl, fresh session");
 	round($warm, "after $ddl");
+	$fresh->quit;
 }
 is( $node->safe_psql('postgres', q{
 SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
