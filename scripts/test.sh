@@ -7,6 +7,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/lib.sh"
 
 bash "$top/scripts/deps.sh"
+bash "$top/scripts/fuzz-deps.sh"
 stage_tree "$top"
 echo "test: building in $WORK"
 # -isystem keeps PostgreSQL's own headers out of -Wextra's reach.
