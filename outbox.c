@@ -583,8 +583,8 @@ outbox_claim(PG_FUNCTION_ARGS)
 		tenant = text_to_cstring(PG_GETARG_TEXT_PP(4));
 		idem_check_tenant(tenant);
 	}
-	else if (idem_session_tenant != NULL && idem_session_tenant[0] != '\0')
-		tenant = idem_session_tenant;
+	else
+		tenant = (char *) idem_effective_tenant();
 
 	lock_values[0] = Int32GetDatum(batch);
 	lock_values[1] = (Datum) 0;
