@@ -27,6 +27,10 @@ sub new
 	open(my $ul, '>', "$dir/userlist.txt") or die;
 	print $ul qq{"$_" ""\n} for @{ $opts{users} // [] }, 'postgres';
 	close $ul;
+	# 1.21 and later keep the clients' protocol-level prepared statements
+	my ($major, $minor) = version();
+	my $prepared = ($major // 0) * 100 + ($minor // 0) >= 121
+	  ? "max_prepared_statements = 200\n" : '';
 	open(my $ini, '>', "$dir/pgbouncer.ini") or die;
 	print $ini <<"INI";
 [databases]
@@ -46,10 +50,13 @@ admin_users = postgres
 pidfile = $dir/pgbouncer.pid
 ; pgjdbc sends it at start-up; PgBouncer would refuse the connection
 ignore_startup_parameters = extra_float_digits
-; a restarted server is found again quickly, and a query never waits long
+; a restarted server is found again quickly; while the server is down a
+; query waits in PgBouncer's queue at most 3 s (default 120 s), so that the
+; service answers 503 before its client gives up
 server_login_retry = 1
 server_connect_timeout = 3
-query_wait_timeout = 15
+query_wait_timeout = 3
+$prepared
 INI
 	close $ini;
 
