@@ -8,6 +8,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/lib.sh"
 
 bash "$top/scripts/deps.sh"
+bash "$top/scripts/fuzz-deps.sh"
 # the drivers of the client conformance suite (clients/) and PgBouncer
 bash "$top/clients/deps.sh"
 stage_tree "$top"
