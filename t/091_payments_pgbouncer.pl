@@ -147,14 +147,16 @@ PY
 	$_->disconnect for $app, $w1, $w2, $w3;
 }
 
-# ---- LISTEN through PgBouncer hears nothing: the server connection that
-# listens is handed to other clients, and PgBouncer drops a notification
-# that arrives while it is idle
+# ---- LISTEN through PgBouncer: the server connection that listens goes
+# back to the pool after the LISTEN, and a notification that reaches it
+# while no client is linked to it is dropped by PgBouncer (one that happens
+# to arrive while some client is linked goes to that client)
 {
 	my $through = dbh('postgres_one', 'client_worker');
 	my $direct = dbh('direct', 'client_worker');
 	$_->do('LISTEN idempotency_outbox') for $through, $direct;
 	my $app = dbh('postgres', 'client_app');
+	my $position = $bouncer->log_position;
 	$app->begin_work;
 	reserve($app, 'acme');
 	$app->do(q{SELECT outbox_enqueue('acme', 'listen.demo', '{}')});
@@ -167,11 +169,14 @@ PY
 		last if $heard_direct;
 		sleep 0.1;
 	}
-	$through->do('SELECT 1');
-	$heard_through = $through->pg_notifies;
 	ok($heard_direct && $heard_direct->[0] eq 'idempotency_outbox',
 		'a worker LISTENing straight to the server is notified at commit');
-	ok(!$heard_through, 'a worker LISTENing through PgBouncer is not');
+	# the listener through PgBouncer is idle meanwhile
+	ok($bouncer->wait_for_log(qr/got packet 'A' from server when not linked/, $position),
+		'PgBouncer drops the notification sent to the idle server connection');
+	$through->do('SELECT 1');
+	$heard_through = $through->pg_notifies;
+	ok(!$heard_through, 'a worker LISTENing through PgBouncer is not notified');
 	# deliver the row: the end-to-end test expects an empty queue
 	$direct->do(q{SELECT outbox_ack(tenant_id, id, lease_token)
 	                FROM outbox_claim('w', topics => '{listen.demo}')});
