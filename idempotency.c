@@ -447,7 +447,7 @@ _PG_init(void)
 	if (process_shared_preload_libraries_in_progress)
 		DefineCustomIntVariable("idempotency.stats_max_entries",
 								gettext_noop("Number of (tenant, scope) pairs whose counters are kept in shared memory."),
-								gettext_noop("Pairs beyond it are counted under tenant and scope \"(other)\"."),
+								gettext_noop("When the table is full, the least used pairs are evicted and their counts added to tenant and scope \"(other)\"."),
 								&idem_stats_max_entries,
 								1000, 16, 1000000,
 								PGC_POSTMASTER,
