@@ -17,6 +17,7 @@
 # extension does.)
 use strict;
 use warnings;
+use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use IdemTest qw(new_idem_node);
@@ -97,6 +98,43 @@ SELECT expires_at - created_at FROM idem_lookup('wt', 'pol', 'k-2');
 COMMIT;});
 is($err, '', 'scope changed, then reserve in a transaction begun before: no error');
 is($out, "created\n01:00:00", "and the key gets the scope's new ttl");
+
+# A rebuild racing the warm session: REINDEX CONCURRENTLY in a loop in
+# another session while the warm session goes on with short transactions
+# (BEGIN, reserve, complete, COMMIT, replay).  A REINDEX that completes
+# between a BEGIN and the reserve that follows it is case 1 above; the loop
+# meets it now and then.
+my ($rout, $rerr) = ('', '');
+my $reindexer = IPC::Run::start(
+	[
+		$node->installed_command('psql'), '-XAtq', '-v', 'ON_ERROR_STOP=1',
+		'-d', $node->connstr('postgres'),
+		map { ('-c', 'REINDEX INDEX CONCURRENTLY idempotency.keys_pkey') } 1 .. 8
+	],
+	'>', \$rout, '2>', \$rerr);
+my $rounds = 0;
+my $failed = 0;
+while ($rounds < 100)
+{
+	($out, $err) = run_in($warm, <<SQL);
+BEGIN;
+SELECT outcome FROM idem_reserve('wt', 'race', 'race-$rounds', '{}'::jsonb);
+SELECT idem_complete('wt', 'race', 'race-$rounds', 200, '{}');
+COMMIT;
+SELECT outcome FROM idem_reserve('wt', 'race', 'race-$rounds', '{}'::jsonb);
+SQL
+	$rounds++;
+	if ($err ne '' || $out ne "created\nsucceeded\nreplay")
+	{
+		$failed++;
+		diag("round $rounds during REINDEX CONCURRENTLY: $out $err");
+	}
+	last unless $reindexer->pumpable;
+	$reindexer->pump_nb;
+}
+$reindexer->finish;
+is($rerr, '', 'the concurrent REINDEX loop ran');
+is($failed, 0, "$rounds rounds racing REINDEX CONCURRENTLY all worked");
 
 # and afterwards, outside of any such transaction, everything works
 ($out, $err) = run_in($warm, q{
