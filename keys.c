@@ -76,6 +76,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/relcache.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
@@ -960,7 +961,17 @@ keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
 								GetTransactionSnapshot());
 	heap = table_open(keys_relid, AccessShareLock);
-	index = index_open(keys_pkey_relid, AccessShareLock);
+
+	/*
+	 * The primary key as the relcache knows it once the table is locked:
+	 * locking processed the invalidations, so an index that REINDEX
+	 * CONCURRENTLY just replaced is not opened by its old OID.
+	 */
+#if PG_VERSION_NUM >= 180000
+	index = index_open(RelationGetPrimaryKeyIndex(heap, false), AccessShareLock);
+#else
+	index = index_open(RelationGetPrimaryKeyIndex(heap), AccessShareLock);
+#endif
 	for (i = 0; i < 3; i++)
 		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber,
 							   InvalidOid, index->rd_indcollation[i],

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian 12 packages the extension, its tests and its demo need,
-# skipping what is already there.  Run as root.
+# skipping what is already there; packages named as arguments too (make
+# check-valgrind's).  Run as root.
 set -euo pipefail
 
 packages=(
@@ -12,6 +13,7 @@ packages=(
     curl                        # the demo talks HTTP to the example service
     make
     gcc
+    "$@"
 )
 
 missing=()
@@ -20,6 +22,10 @@ for p in "${packages[@]}"; do
         missing+=("$p")
     fi
 done
+# the fingerprint differential runs the RFC 8785 reference implementation
+# (npm "canonicalize") on node; any node >= 18 will do, Debian's or another
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ ${#missing[@]} -eq 0 ]; then
     echo "deps: all packages present"

@@ -34,7 +34,9 @@ stage_tree() {
 as_postgres() {
     if [ "$(id -u)" -eq 0 ]; then
         runuser -u postgres -- env PATH="$PATH" HOME=/var/lib/postgresql \
-            IDEM_DESTDIR="${IDEM_DESTDIR:-}" "$@"
+            IDEM_DESTDIR="${IDEM_DESTDIR:-}" FUZZ_SEED="${FUZZ_SEED:-}" \
+            FUZZ_DOCS="${FUZZ_DOCS:-}" FUZZ_CALLS="${FUZZ_CALLS:-}" \
+            FUZZ_VERBOSE="${FUZZ_VERBOSE:-}" "$@"
     else
         "$@"
     fi

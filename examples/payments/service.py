@@ -31,7 +31,11 @@ Configuration (environment): PAYMENTS_DSN (libpq connection string),
 PAYMENTS_PORT (default 8080), PAYMENTS_PROCESSING_DELAY (seconds of simulated
 work inside the transaction, default 0), PAYMENTS_POOL_SIZE (database
 connections at most, default 10), PAYMENTS_POOL_WAIT (seconds a request
-waits for one, default 5).
+waits for one, default 5), PAYMENTS_PGBOUNCER=1 when PAYMENTS_DSN
+goes through PgBouncer in transaction mode (no server-side prepared
+statements: PgBouncer before 1.21 cannot carry them from one transaction to
+the next).  The tenant is set with SET LOCAL, never SET, which would stay on
+the server connection for whichever client PgBouncer hands it to next.
 """
 
 import json
@@ -54,6 +58,8 @@ TENANT_TOKENS = {
 }
 
 DSN = os.environ.get("PAYMENTS_DSN", "")
+# psycopg prepares a statement on its fifth execution by default
+PREPARE_THRESHOLD = None if os.environ.get("PAYMENTS_PGBOUNCER") else 5
 PROCESSING_DELAY = float(os.environ.get("PAYMENTS_PROCESSING_DELAY", "0"))
 
 
@@ -82,7 +88,8 @@ class ConnectionPool:
             if self.idle:
                 return self.idle.pop()
         try:
-            return psycopg.connect(self.dsn, connect_timeout=3)
+            return psycopg.connect(self.dsn, connect_timeout=3,
+                                   prepare_threshold=PREPARE_THRESHOLD)
         except BaseException:
             self.slots.release()
             raise
