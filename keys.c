@@ -97,7 +97,7 @@
 #define RETRY_AFTER_MAX		60
 
 /* Longest ttl and wait accepted. */
-#define MAX_TTL_USECS	((int64) 1000 * 365 * USECS_PER_DAY)
+#define MAX_TTL_USECS	((int64) 1000 * MONTHS_PER_YEAR * DAYS_PER_MONTH * USECS_PER_DAY)
 #define MAX_WAIT_USECS	((int64) USECS_PER_DAY)
 
 /* Attempts before giving up when a conflicting row vanishes under us. */
@@ -296,9 +296,10 @@ keys_relcache_callback(Datum arg, Oid relid)
 	(void) arg;
 
 	/*
-	 * The table, its primary key (REINDEX CONCURRENTLY, VACUUM FULL and
-	 * CLUSTER give it a new OID), the scopes table and the reservation
-	 * type: when any of them changes, look everything up again.
+	 * The table, its primary key (REINDEX CONCURRENTLY gives it a new OID;
+	 * DROP and CREATE EXTENSION new OIDs for everything), the scopes table
+	 * and the reservation type: when any of them changes, look everything
+	 * up again.
 	 */
 	if (relid == InvalidOid || relid == scopes_relid || relid == keys_relid ||
 		relid == keys_pkey_relid || relid == reservation_relid)
@@ -339,6 +340,12 @@ keys_type_oid(Oid nsp, const char *name)
 static void
 keys_ensure_cache(void)
 {
+	/*
+	 * A transaction applies invalidations only when it starts and when it
+	 * locks a relation: apply those that arrived since (a scope changed, an
+	 * index rebuilt) before trusting the cache.
+	 */
+	AcceptInvalidationMessages();
 	while (!keys_cache_valid)
 	{
 		uint64		start = keys_inval_count;
@@ -1688,7 +1695,7 @@ keys_finish(KeyIdent *id, int32 code, Datum body, bool body_null,
 		nulls[5] = body_null ? 'n' : ' ';
 		values[6] = headers;
 		nulls[6] = headers_null ? 'n' : ' ';
-		values[7] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+		values[7] = TimestampTzGetDatum(GetCurrentTimestamp());
 		values[8] = UUIDPGetDatum(token);
 		nulls[8] = token == NULL ? 'n' : ' ';
 		keys_exec(plan_complete, values, nulls, false);
