@@ -103,7 +103,6 @@ my $load = spawn(
 
 # ---- helpers
 
-my %tokens = (acme => 'tok_acme', globex => 'tok_globex');
 my @victim_acks;    # answers acknowledged to the test's own requests
 
 # POST a charge through the service, retrying an outage like a client;
@@ -505,7 +504,6 @@ is_deeply(\@bad_inflight, [],
 );
 is($ended{fenced}, $ended{taken_over},
 	'the token of every dead attempt is fenced out after the takeover (55006)');
-my $tp_calls = 0;
 my $l = ledger($provider_url);
 my @tp_twice = grep { $l->{calls}{"acme:$_->{scope}:$_->{key}"} != 1 } @inflight;
 is(scalar(@tp_twice), 0,
