@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # make test: install what is missing, build with warnings as errors, install,
-# and run the regression, isolation and TAP suites against a throwaway
-# cluster that preloads pg_cron and idempotency.  Run as root.
+# and run the regression, isolation and TAP suites (the TAP suite includes
+# the client conformance suite, clients/) against a throwaway cluster that
+# preloads pg_cron and idempotency.  Run as root.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/lib.sh"
 
 bash "$top/scripts/deps.sh"
 bash "$top/scripts/fuzz-deps.sh"
+# the drivers of the client conformance suite (clients/) and PgBouncer
+bash "$top/clients/deps.sh"
 stage_tree "$top"
 echo "test: building in $WORK"
 # -isystem keeps PostgreSQL's own headers out of -Wextra's reach.
