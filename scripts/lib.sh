@@ -36,7 +36,7 @@ as_postgres() {
         runuser -u postgres -- env PATH="$PATH" HOME=/var/lib/postgresql \
             IDEM_DESTDIR="${IDEM_DESTDIR:-}" FUZZ_SEED="${FUZZ_SEED:-}" \
             FUZZ_DOCS="${FUZZ_DOCS:-}" FUZZ_CALLS="${FUZZ_CALLS:-}" \
-            FUZZ_VERBOSE="${FUZZ_VERBOSE:-}" PGPORT="${PGPORT:-}" "$@"
+            FUZZ_VERBOSE="${FUZZ_VERBOSE:-}" ${PGPORT:+PGPORT="$PGPORT"} "$@"
     else
         "$@"
     fi
