@@ -48,7 +48,7 @@ idempotency--$(EXTVERSION).sql: $(INSTALL_PARTS)
 	cat $^ > $@
 
 # Set-up and walk-through on a Debian 12 machine (as root).
-.PHONY: demo test deps bench fuzz check-valgrind
+.PHONY: demo test crash deps bench fuzz check-valgrind
 deps:
 	bash scripts/deps.sh
 
@@ -57,6 +57,11 @@ demo:
 
 test:
 	bash scripts/test.sh
+
+# The failover test and the crash injection test alone, with more crashes
+# (CRASHES=N, default 60) than "make test" injects.
+crash:
+	bash scripts/crash.sh
 
 bench:
 	bash bench/run.sh

@@ -356,17 +356,65 @@ idem_spi_execute(SPIPlanPtr plan, Datum *values, const char *nulls,
 }
 
 /*
- * Refuse a NULL argument with 22004, naming it: functions are not STRICT,
- * so that a NULL is an error with a hint instead of a silent NULL.
+ * A NULL argument is 22004, naming it: functions are not STRICT, so that a
+ * NULL is an error with a hint instead of a silent NULL.
  */
+void
+idem_null_argument(const char *name)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+			 errmsg("%s must not be null", name),
+			 errhint("Pass a non-null %s.", name)));
+}
+
 void
 idem_require_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 {
 	if (PG_ARGISNULL(argno))
+		idem_null_argument(name);
+}
+
+/*
+ * idem_check_key
+ *		An idempotency key is present (22004), at most IDEM_MAX_KEY_LEN bytes
+ *		(22001) and printable ASCII (22021): the one rule for every function
+ *		that takes a key.
+ */
+void
+idem_check_key(text *key)
+{
+	const char *p;
+	int			len;
+	int			i;
+
+	if (key == NULL || VARSIZE_ANY_EXHDR(key) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", name),
-				 errhint("Pass a non-null %s.", name)));
+				 errmsg("idempotency key is missing"),
+				 errhint("Send an idempotency key with every request that must not run twice, and answer requests without one with HTTP 400.")));
+	p = VARDATA_ANY(key);
+	len = VARSIZE_ANY_EXHDR(key);
+	if (len > IDEM_MAX_KEY_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("idempotency key is too long"),
+				 errdetail("The key is %d bytes long; at most %d are allowed.",
+						   len, IDEM_MAX_KEY_LEN),
+				 errhint("Use a UUID or another identifier of at most %d printable ASCII characters.",
+						 IDEM_MAX_KEY_LEN)));
+	for (i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) p[i];
+
+		if (c < 0x20 || c > 0x7e)
+			ereport(ERROR,
+					(errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE),
+					 errmsg("idempotency key contains a non-printable character"),
+					 errdetail("Byte %d of the key is 0x%02x; only printable ASCII (0x20 to 0x7E) is allowed.",
+							   i + 1, c),
+					 errhint("Use a UUID or another identifier made of printable ASCII characters.")));
+	}
 }
 
 void

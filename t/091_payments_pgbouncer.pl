@@ -13,6 +13,7 @@ use IPC::Run;
 use Time::HiRes qw(sleep);
 use IdemTest qw(new_idem_node);
 use PaymentsE2E qw(run_payments_e2e payments_skip_reason);
+use PaymentsHarness qw(install_payments);
 use PgBouncer;
 
 my $skip = payments_skip_reason();
@@ -22,11 +23,11 @@ plan skip_all => $skip if $skip;
 require DBI;
 
 my $node = new_idem_node('bouncer', conf => "listen_addresses = '127.0.0.1'\n");
-$node->safe_psql('postgres',
-	PostgreSQL::Test::Utils::slurp_file('examples/payments/schema.sql'));
+install_payments($node);
 $node->safe_psql('postgres',
 	PostgreSQL::Test::Utils::slurp_file('clients/setup.sql'));
-my $bouncer = PgBouncer->new($node, users => [qw(client_app client_worker)]);
+my $bouncer = PgBouncer->new($node,
+	users => [qw(client_app client_worker payments_service payments_worker)]);
 my ($major, $minor) = PgBouncer::version();
 note("PgBouncer $major.$minor");
 
@@ -186,8 +187,9 @@ PY
 # ---- the payments end-to-end test, service and workers through PgBouncer
 run_payments_e2e(
 	node => $node,
-	dsn => $bouncer->connstr('postgres', 'postgres'),
-	listen_dsn => $node->connstr('postgres'),
+	dsn => $bouncer->connstr('postgres', 'payments_service'),
+	worker_dsn => $bouncer->connstr('postgres', 'payments_worker'),
+	listen_dsn => $node->connstr('postgres') . ' user=payments_worker',
 	env => { PAYMENTS_PGBOUNCER => 1 });
 note('PgBouncer pools at the end: ', $bouncer->admin('SHOW POOLS'));
 

@@ -10,12 +10,13 @@ our @EXPORT_OK = qw(new_idem_node catalog_snapshot);
 
 # A fresh cluster with pg_cron and idempotency preloaded and the extension
 # created in database "postgres" (pg_cron's database).  Extra postgresql.conf
-# lines may be passed in %opts{conf}.
+# lines may be passed in %opts{conf}, parameters of PostgreSQL::Test::Cluster's
+# init (such as allows_streaming => 1) in %opts{init}.
 sub new_idem_node
 {
 	my ($name, %opts) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
-	$node->init;
+	$node->init(%{ $opts{init} // {} });
 	my $conf = "shared_preload_libraries = 'pg_cron,idempotency'\n"
 	  . "cron.database_name = 'postgres'\n";
 	if ($ENV{IDEM_DESTDIR})
