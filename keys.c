@@ -360,11 +360,7 @@ keys_ensure_cache(void)
 		ctl.entrysize = sizeof(ScopeCacheEntry);
 		ctl.hcxt = keys_cache_cxt;
 		scope_cache = hash_create("idempotency scope policies", 64, &ctl,
-#if PG_VERSION_NUM >= 140000
 								  HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
-#else
-								  HASH_ELEM | HASH_CONTEXT);
-#endif
 
 		if (keys_inval_count == start)
 			keys_cache_valid = true;

@@ -101,9 +101,7 @@ typedef struct IdemStatsFileEntry
 static IdemStatsShared *idem_stats_state = NULL;
 static HTAB *idem_stats_hash = NULL;
 
-#if PG_VERSION_NUM >= 150000
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 static void idem_stats_shmem_request(void);
@@ -131,12 +129,8 @@ idem_stats_init(void)
 	if (!process_shared_preload_libraries_in_progress)
 		return;
 
-#if PG_VERSION_NUM >= 150000
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = idem_stats_shmem_request;
-#else
-	idem_stats_shmem_request();
-#endif
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = idem_stats_shmem_startup;
 }
@@ -158,10 +152,8 @@ idem_stats_memsize(void)
 static void
 idem_stats_shmem_request(void)
 {
-#if PG_VERSION_NUM >= 150000
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-#endif
 	RequestAddinShmemSpace(idem_stats_memsize());
 	RequestNamedLWLockTranche("idempotency", 1);
 }
