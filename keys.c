@@ -822,7 +822,11 @@ keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 							   InvalidOid, index->rd_indcollation[i],
 							   F_TEXTEQ, id->values[i]);
 	slot = table_slot_create(heap, NULL);
+#if PG_VERSION_NUM >= 180000
+	scan = index_beginscan(heap, index, snapshot, NULL, 3, 0);
+#else
 	scan = index_beginscan(heap, index, snapshot, 3, 0);
+#endif
 	index_rescan(scan, skey, 3, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	if (found)
