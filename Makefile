@@ -9,9 +9,13 @@ MODULE_big = idempotency
 OBJS = idempotency.o fingerprint.o keys.o outbox.o maintenance.o stats.o
 PGFILEDESC = "idempotency - idempotency keys and a transactional outbox"
 
-# The install script is assembled from one part per module (install/*.sql),
-# concatenated in name order.
-DATA_built = idempotency--1.0.sql
+# The version comes from the control file, in this one place.  The current
+# version's install script is assembled from one part per module
+# (install/*.sql), concatenated in name order; the released scripts of older
+# versions and every upgrade step are checked in as they shipped.
+EXTVERSION = $(shell sed -n "s/^default_version = '\\(.*\\)'/\\1/p" $(srcdir)/idempotency.control)
+DATA_built = idempotency--$(EXTVERSION).sql
+DATA = $(filter-out idempotency--$(EXTVERSION).sql,$(wildcard idempotency--*.sql))
 INSTALL_PARTS = $(sort $(wildcard $(srcdir)/install/*.sql))
 
 REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
@@ -40,7 +44,7 @@ endif
 
 srcdir ?= .
 
-idempotency--1.0.sql: $(INSTALL_PARTS)
+idempotency--$(EXTVERSION).sql: $(INSTALL_PARTS)
 	cat $^ > $@
 
 # Set-up and walk-through on a Debian 12 machine (as root).

@@ -245,6 +245,7 @@ static SPIPlanPtr plan_checkpoint = NULL;
 static SPIPlanPtr plan_scope = NULL;
 static SPIPlanPtr plan_lookup = NULL;
 
+PG_FUNCTION_INFO_V1(idem_reserve);
 PG_FUNCTION_INFO_V1(idem_reserve_request);
 PG_FUNCTION_INFO_V1(idem_reserve_fingerprint);
 PG_FUNCTION_INFO_V1(idem_complete);
@@ -1163,16 +1164,20 @@ reserve_count(KeyIdent *id, ReserveOutcome outcome)
 }
 
 /*
- * Shared body of both idem_reserve overloads.  Arguments: tenant, scope,
- * key, request jsonb or fingerprint bytea, ttl, wait.  Takes the key's lock
- * (kept to the end of the transaction only when the call wrote); writes
- * the key's row for "created" and for a stale reservation.
+ * Shared body of idem_reserve and of the entry points of version 1.0.
+ * Arguments: tenant, scope, key, then the request (jsonb) at request_arg
+ * and the fingerprint (bytea) at fingerprint_arg (-1 where the signature
+ * has none; exactly one of them must be non-null), ttl at 4 and wait at 5.
+ * Takes the key's lock (kept to the end of the transaction only when the
+ * call wrote); writes the key's row for "created" and for a stale
+ * reservation.
  */
 static Datum
-reserve_common(FunctionCallInfo fcinfo, bool from_request)
+reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 {
 	KeyIdent	id;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	bool		from_request;
 	Interval   *ttl_arg = NULL;
 	Interval	ttl;
 	Interval	lock_timeout;
@@ -1187,11 +1192,17 @@ reserve_common(FunctionCallInfo fcinfo, bool from_request)
 	long		sleep_ms = 10;
 
 	keys_ident_from_args(fcinfo, &id);
-	if (PG_ARGISNULL(3))
-		keys_null_argument(from_request ? "request" : "fingerprint");
+	from_request = request_arg >= 0 && !PG_ARGISNULL(request_arg);
+	if (from_request == (fingerprint_arg >= 0 && !PG_ARGISNULL(fingerprint_arg)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg(from_request ?
+						"request and fingerprint must not both be given" :
+						"request or fingerprint must be given"),
+				 errhint("Pass the request body as request, or its SHA-256 as fingerprint => idem_fingerprint(body), not both.")));
 	if (from_request)
 	{
-		Size		size = keys_datum_size(fcinfo, 3);
+		Size		size = keys_datum_size(fcinfo, request_arg);
 
 		if (size > (Size) idem_max_request_size)
 			ereport(ERROR,
@@ -1203,7 +1214,7 @@ reserve_common(FunctionCallInfo fcinfo, bool from_request)
 	}
 	else
 	{
-		bytea	   *fp = PG_GETARG_BYTEA_PP(3);
+		bytea	   *fp = PG_GETARG_BYTEA_PP(fingerprint_arg);
 
 		if (VARSIZE_ANY_EXHDR(fp) != IDEM_FINGERPRINT_LEN)
 			ereport(ERROR,
@@ -1239,7 +1250,7 @@ reserve_common(FunctionCallInfo fcinfo, bool from_request)
 
 	keys_scope_policy(id.scope, &policy);
 	if (from_request)
-		idem_compute_fingerprint(PG_GETARG_JSONB_P(3), policy.ignore,
+		idem_compute_fingerprint(PG_GETARG_JSONB_P(request_arg), policy.ignore,
 								 fingerprint);
 	if (ttl_arg != NULL)
 		ttl = *ttl_arg;
@@ -1297,24 +1308,33 @@ reserve_common(FunctionCallInfo fcinfo, bool from_request)
 }
 
 /*
- * idem_reserve(tenant, scope, key, request jsonb, ttl, wait)
- *		Reserve a key for a request; the fingerprint is computed from the
- *		request minus the scope's fingerprint_ignore members.
+ * idem_reserve(tenant, scope, key, request jsonb, ttl, wait, fingerprint bytea)
+ *		Reserve a key for a request.  The fingerprint is computed from the
+ *		request minus the scope's fingerprint_ignore members, or given by
+ *		the application (32 bytes) instead of the request.
+ */
+Datum
+idem_reserve(PG_FUNCTION_ARGS)
+{
+	return reserve_common(fcinfo, 3, 6);
+}
+
+/*
+ * The two overloads of version 1.0, (..., request jsonb, ttl, wait) and
+ * (..., fingerprint bytea, ttl, wait): still exported so that a database
+ * keeps working between installing this library and ALTER EXTENSION
+ * idempotency UPDATE.
  */
 Datum
 idem_reserve_request(PG_FUNCTION_ARGS)
 {
-	return reserve_common(fcinfo, true);
+	return reserve_common(fcinfo, 3, -1);
 }
 
-/*
- * idem_reserve(tenant, scope, key, fingerprint bytea, ttl, wait)
- *		As above, with a fingerprint the application computed (32 bytes).
- */
 Datum
 idem_reserve_fingerprint(PG_FUNCTION_ARGS)
 {
-	return reserve_common(fcinfo, false);
+	return reserve_common(fcinfo, -1, 3);
 }
 
 /* ----------------------------------------------------------------

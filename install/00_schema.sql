@@ -1,4 +1,4 @@
-/* idempotency--1.0.sql: idempotency keys, request fingerprints, outbox */
+/* idempotency: idempotency keys, request fingerprints, outbox (install script) */
 
 -- complain if script is sourced in psql, rather than via CREATE EXTENSION
 \echo Use "CREATE EXTENSION idempotency" to load this file. \quit

@@ -7,27 +7,23 @@
  * caller's search_path.  Not STRICT: a NULL argument is an error with a
  * hint, not a silent NULL.
  */
-CREATE FUNCTION idem_reserve(tenant text, scope text, key text, request jsonb,
+/*
+ * One signature, so that a driver sending every parameter untyped (or psql
+ * literals) resolves the call to exactly one function: exactly one of
+ * request and fingerprint is given.
+ */
+CREATE FUNCTION idem_reserve(tenant text, scope text, key text,
+                             request jsonb DEFAULT NULL,
                              ttl interval DEFAULT NULL,
-                             wait interval DEFAULT '0')
+                             wait interval DEFAULT '0',
+                             fingerprint bytea DEFAULT NULL)
 RETURNS idempotency.reservation
-AS 'MODULE_PATHNAME', 'idem_reserve_request'
+AS 'MODULE_PATHNAME', 'idem_reserve'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
-COMMENT ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval) IS
-'reserve an idempotency key for a request: created, replay, in_progress, mismatch or stale';
-
-CREATE FUNCTION idem_reserve(tenant text, scope text, key text, fingerprint bytea,
-                             ttl interval DEFAULT NULL,
-                             wait interval DEFAULT '0')
-RETURNS idempotency.reservation
-AS 'MODULE_PATHNAME', 'idem_reserve_fingerprint'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp;
-
-COMMENT ON FUNCTION idem_reserve(text, text, text, bytea, interval, interval) IS
-'reserve an idempotency key for a request whose SHA-256 fingerprint the caller computed';
+COMMENT ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval, bytea) IS
+'reserve an idempotency key for a request (or its SHA-256 fingerprint): created, replay, in_progress, mismatch or stale';
 
 CREATE FUNCTION idem_complete(tenant text, scope text, key text,
                               response_code int, response_body jsonb,

@@ -18,34 +18,34 @@ $$;
 
 -- a completed key and a two-phase reservation to misuse
 BEGIN;
-SELECT outcome FROM idem_reserve('ke_a', 'orders', 'done', sha256('d'));
+SELECT outcome FROM idem_reserve('ke_a', 'orders', 'done', fingerprint => sha256('d'));
 SELECT idem_complete('ke_a', 'orders', 'done', 200, '{}');
 COMMIT;
-SELECT lock_token AS tok FROM idem_reserve('ke_a', 'orders', 'held', sha256('h')) \gset
+SELECT lock_token AS tok FROM idem_reserve('ke_a', 'orders', 'held', fingerprint => sha256('h')) \gset
 SELECT count(*) AS rows_before FROM idempotency.keys WHERE tenant_id = 'ke_a' \gset
 
 -- missing arguments (22004) and a missing key (22004)
-SELECT pg_temp.err($$SELECT idem_reserve(NULL, 'orders', 'k', sha256('x'))$$);
-SELECT pg_temp.err($$SELECT idem_reserve('ke_a', NULL, 'k', sha256('x'))$$);
-SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', NULL, sha256('x'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve(NULL, 'orders', 'k', fingerprint => sha256('x'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', NULL, 'k', fingerprint => sha256('x'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', NULL, fingerprint => sha256('x'))$$);
 SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', '', '{}'::jsonb)$$);
 SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', NULL::jsonb)$$);
-SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', NULL::bytea)$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', fingerprint => NULL::bytea)$$);
 SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', NULL, '{}')$$);
 SELECT pg_temp.err($$SELECT idem_checkpoint('ke_a', 'orders', 'held', NULL)$$);
 SELECT pg_temp.err($$SELECT idem_release(NULL, 'orders', 'held')$$);
 SELECT pg_temp.err($$SELECT * FROM idem_lookup('ke_a', 'orders', NULL)$$);
 -- key too long (22001), not printable ASCII (22021)
-SELECT pg_temp.err(format('SELECT idem_reserve(%L, %L, %L, sha256(%L))',
+SELECT pg_temp.err(format('SELECT idem_reserve(%L, %L, %L, fingerprint => sha256(%L))',
                           'ke_a', 'orders', repeat('k', 256), 'x'));
 SELECT length(repeat('k', 255)) AS longest_key,
-       (idem_reserve('ke_a', 'orders', repeat('k', 255), sha256('x'))).outcome;
-SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', E'tab\there', sha256('x'))$$);
-SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'café', sha256('x'))$$);
+       (idem_reserve('ke_a', 'orders', repeat('k', 255), fingerprint => sha256('x'))).outcome;
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', E'tab\there', fingerprint => sha256('x'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'café', fingerprint => sha256('x'))$$);
 -- bad values (22023)
-SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', '\x0102'::bytea)$$);
-SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', sha256('x'), ttl => '0')$$);
-SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', sha256('x'), wait => '-1 s')$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', fingerprint => '\x0102'::bytea)$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', ttl => '0', fingerprint => sha256('x'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', wait => '-1 s', fingerprint => sha256('x'))$$);
 SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 99, '{}')$$);
 SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 600, '{}')$$);
 SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 200, '{}', '["x"]')$$);
@@ -83,7 +83,7 @@ SELECT pg_temp.err($$SELECT idem_release('ke_a', 'orders', 'held',
                                          '00000000-0000-4000-8000-000000000000')$$);
 -- tenant mismatch (42501), checked in every function naming a tenant
 SET idempotency.tenant = 'ke_other';
-SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', sha256('x'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', fingerprint => sha256('x'))$$);
 SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', '{}'::jsonb)$$);
 SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 200, '{}')$$);
 SELECT pg_temp.err($$SELECT idem_checkpoint('ke_a', 'orders', 'held', 'x')$$);
@@ -111,7 +111,7 @@ SELECT idem_key, status, response_code, response_body, recovery_point, completed
 SELECT lock_token = :'tok' AS held_by_same_token FROM idem_lookup('ke_a', 'orders', 'held');
 
 -- the errors as psql shows them, with detail and hint
-SELECT idem_reserve('ke_a', 'orders', '', sha256('x'));
+SELECT idem_reserve('ke_a', 'orders', '', fingerprint => sha256('x'));
 SELECT idem_complete('ke_a', 'orders', 'done', 200, '{}');
 SELECT idem_complete('ke_a', 'orders', 'held', 200, '{}', NULL, '00000000-0000-4000-8000-000000000000');
 

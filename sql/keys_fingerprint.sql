@@ -13,7 +13,7 @@ SELECT outcome FROM idem_reserve('kf_a', 'orders', 'f-1', '{"amount": 4.5, "curr
 SELECT fingerprint = idem_fingerprint('{"amount": 4.5, "currency": "EUR", "items": [1, 2]}'::jsonb) AS same_fingerprint
   FROM idem_lookup('kf_a', 'orders', 'f-1');
 -- the bytea overload accepts the same fingerprint
-SELECT outcome FROM idem_reserve('kf_a', 'orders', 'f-1', idem_fingerprint('{"amount": 4.5, "currency": "EUR", "items": [1, 2]}'::jsonb));
+SELECT outcome FROM idem_reserve('kf_a', 'orders', 'f-1', fingerprint => idem_fingerprint('{"amount": 4.5, "currency": "EUR", "items": [1, 2]}'::jsonb));
 
 -- fingerprint_ignore: a scope leaves members out of the fingerprint
 SELECT scope, fingerprint_ignore FROM idem_configure_scope('kf_ign', '{"fingerprint_ignore": ["/sent_at", "/meta/trace"]}');

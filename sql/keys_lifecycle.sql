@@ -58,61 +58,61 @@ COMMIT;
 SELECT :r FROM idem_reserve('kl_a', 'kl_cached', 'k-5xx', '{}'::jsonb);
 
 -- the precomputed-fingerprint overload
-SELECT :r FROM idem_reserve('kl_a', 'orders', 'k-fp', sha256('body-1'));
+SELECT :r FROM idem_reserve('kl_a', 'orders', 'k-fp', fingerprint => sha256('body-1'));
 SELECT idem_complete('kl_a', 'orders', 'k-fp', 200, '{"n": 1}');
-SELECT :r FROM idem_reserve('kl_a', 'orders', 'k-fp', sha256('body-1'));
-SELECT :r FROM idem_reserve('kl_a', 'orders', 'k-fp', sha256('body-2'));
+SELECT :r FROM idem_reserve('kl_a', 'orders', 'k-fp', fingerprint => sha256('body-1'));
+SELECT :r FROM idem_reserve('kl_a', 'orders', 'k-fp', fingerprint => sha256('body-2'));
 
 -- two-phase: the reservation commits alone; a retry within lock_timeout
 -- is in_progress with a Retry-After
-SELECT lock_token AS tok1 FROM idem_reserve('kl_a', 'pay', 'tp-1', sha256('p')) \gset
-SELECT :r FROM idem_reserve('kl_a', 'pay', 'tp-1', sha256('p'));
+SELECT lock_token AS tok1 FROM idem_reserve('kl_a', 'pay', 'tp-1', fingerprint => sha256('p')) \gset
+SELECT :r FROM idem_reserve('kl_a', 'pay', 'tp-1', fingerprint => sha256('p'));
 SELECT idem_checkpoint('kl_a', 'pay', 'tp-1', 'charged', :'tok1');
 SELECT status, recovery_point, lock_token = :'tok1' AS same_token
   FROM idem_lookup('kl_a', 'pay', 'tp-1');
 SELECT idem_complete('kl_a', 'pay', 'tp-1', 201, '{"charge": "ch_1"}', NULL, :'tok1');
-SELECT :r FROM idem_reserve('kl_a', 'pay', 'tp-1', sha256('p'));
+SELECT :r FROM idem_reserve('kl_a', 'pay', 'tp-1', fingerprint => sha256('p'));
 
 -- stale, stale_action = fail (the default): flagged for reconciliation
-SELECT lock_token AS tok2 FROM idem_reserve('kl_a', 'pay', 'tp-2', sha256('p')) \gset
+SELECT lock_token AS tok2 FROM idem_reserve('kl_a', 'pay', 'tp-2', fingerprint => sha256('p')) \gset
 SELECT idem_checkpoint('kl_a', 'pay', 'tp-2', 'sent-to-bank', :'tok2');
 UPDATE idempotency.keys SET locked_at = locked_at - interval '6 minutes'
  WHERE tenant_id = 'kl_a' AND idem_key = 'tp-2';
-SELECT :r FROM idem_reserve('kl_a', 'pay', 'tp-2', sha256('p'));
+SELECT :r FROM idem_reserve('kl_a', 'pay', 'tp-2', fingerprint => sha256('p'));
 SELECT status, needs_reconciliation FROM idem_lookup('kl_a', 'pay', 'tp-2');
 -- still stale while flagged, even with a fresh lock
 UPDATE idempotency.keys SET locked_at = now()
  WHERE tenant_id = 'kl_a' AND idem_key = 'tp-2';
-SELECT :r FROM idem_reserve('kl_a', 'pay', 'tp-2', sha256('p'));
+SELECT :r FROM idem_reserve('kl_a', 'pay', 'tp-2', fingerprint => sha256('p'));
 -- the operator resolves it; retries replay the verdict
 SELECT idem_resolve('kl_a', 'pay', 'tp-2', 201, '{"charge": "ch_2"}');
 SELECT status, needs_reconciliation FROM idem_lookup('kl_a', 'pay', 'tp-2');
-SELECT :r FROM idem_reserve('kl_a', 'pay', 'tp-2', sha256('p'));
+SELECT :r FROM idem_reserve('kl_a', 'pay', 'tp-2', fingerprint => sha256('p'));
 -- a late attempt of a flagged key may still finish it (its token is valid)
-SELECT lock_token AS tok3 FROM idem_reserve('kl_a', 'pay', 'tp-3', sha256('p')) \gset
+SELECT lock_token AS tok3 FROM idem_reserve('kl_a', 'pay', 'tp-3', fingerprint => sha256('p')) \gset
 UPDATE idempotency.keys SET locked_at = locked_at - interval '6 minutes'
  WHERE tenant_id = 'kl_a' AND idem_key = 'tp-3';
-SELECT outcome FROM idem_reserve('kl_a', 'pay', 'tp-3', sha256('p'));
+SELECT outcome FROM idem_reserve('kl_a', 'pay', 'tp-3', fingerprint => sha256('p'));
 SELECT idem_complete('kl_a', 'pay', 'tp-3', 200, '{}', NULL, :'tok3');
 SELECT status, needs_reconciliation FROM idem_lookup('kl_a', 'pay', 'tp-3');
 -- idem_resolve with a 5xx releases the key
-SELECT outcome FROM idem_reserve('kl_a', 'pay', 'tp-4', sha256('p'));
+SELECT outcome FROM idem_reserve('kl_a', 'pay', 'tp-4', fingerprint => sha256('p'));
 SELECT idem_resolve('kl_a', 'pay', 'tp-4', 502, NULL) IS NULL AS released;
 SELECT count(*) FROM idem_lookup('kl_a', 'pay', 'tp-4');
 
 -- stale, stale_action = takeover: a new lock_token and the last recovery point
 SELECT scope, lock_timeout, stale_action
   FROM idem_configure_scope('kl_saga', '{"lock_timeout": "30 seconds", "stale_action": "takeover"}');
-SELECT lock_token AS old FROM idem_reserve('kl_a', 'kl_saga', 'ts-1', sha256('s')) \gset
+SELECT lock_token AS old FROM idem_reserve('kl_a', 'kl_saga', 'ts-1', fingerprint => sha256('s')) \gset
 SELECT idem_checkpoint('kl_a', 'kl_saga', 'ts-1', 'step-2', :'old');
-SELECT :r FROM idem_reserve('kl_a', 'kl_saga', 'ts-1', sha256('s'));
+SELECT :r FROM idem_reserve('kl_a', 'kl_saga', 'ts-1', fingerprint => sha256('s'));
 UPDATE idempotency.keys SET locked_at = locked_at - interval '31 seconds'
  WHERE tenant_id = 'kl_a' AND idem_key = 'ts-1';
 SELECT lock_token AS new, outcome, recovery_point, lock_token <> :'old' AS new_token
-  FROM idem_reserve('kl_a', 'kl_saga', 'ts-1', sha256('s')) \gset
+  FROM idem_reserve('kl_a', 'kl_saga', 'ts-1', fingerprint => sha256('s')) \gset
 \echo :outcome :recovery_point :new_token
 -- the new holder's lock is fresh: in_progress again
-SELECT outcome, retry_after FROM idem_reserve('kl_a', 'kl_saga', 'ts-1', sha256('s'));
+SELECT outcome, retry_after FROM idem_reserve('kl_a', 'kl_saga', 'ts-1', fingerprint => sha256('s'));
 -- fencing: the old attempt can neither checkpoint, release nor complete
 \set VERBOSITY terse
 SELECT idem_checkpoint('kl_a', 'kl_saga', 'ts-1', 'step-3', :'old');
@@ -122,12 +122,12 @@ SELECT idem_complete('kl_a', 'kl_saga', 'ts-1', 200, '{"by": "old"}', NULL, :'ol
 SELECT status, recovery_point, response_body, lock_token = :'new' AS new_holds
   FROM idem_lookup('kl_a', 'kl_saga', 'ts-1');
 SELECT idem_complete('kl_a', 'kl_saga', 'ts-1', 200, '{"by": "new"}', NULL, :'new');
-SELECT :r FROM idem_reserve('kl_a', 'kl_saga', 'ts-1', sha256('s'));
+SELECT :r FROM idem_reserve('kl_a', 'kl_saga', 'ts-1', fingerprint => sha256('s'));
 
 -- release with the right token gives the key up: the retry is created
-SELECT lock_token AS rel FROM idem_reserve('kl_a', 'pay', 'tr-1', sha256('r')) \gset
+SELECT lock_token AS rel FROM idem_reserve('kl_a', 'pay', 'tr-1', fingerprint => sha256('r')) \gset
 SELECT idem_release('kl_a', 'pay', 'tr-1', :'rel');
-SELECT outcome FROM idem_reserve('kl_a', 'pay', 'tr-1', sha256('r2'));
+SELECT outcome FROM idem_reserve('kl_a', 'pay', 'tr-1', fingerprint => sha256('r2'));
 
 -- TTL: after expires_at the same key is a new request (even with another body)
 BEGIN;
@@ -146,39 +146,39 @@ SELECT outcome FROM idem_reserve('kl_a', 'orders', 'k-ttl', '{"v": 2}'::jsonb);
 
 -- ttl: the argument, else the scope's ttl, else idempotency.default_ttl
 SET idempotency.default_ttl = '2h';
-SELECT outcome FROM idem_reserve('kl_a', 'orders', 'ttl-guc', sha256('t'));
-SELECT outcome FROM idem_reserve('kl_a', 'orders', 'ttl-arg', sha256('t'), ttl => '10 minutes');
+SELECT outcome FROM idem_reserve('kl_a', 'orders', 'ttl-guc', fingerprint => sha256('t'));
+SELECT outcome FROM idem_reserve('kl_a', 'orders', 'ttl-arg', ttl => '10 minutes', fingerprint => sha256('t'));
 SELECT scope, ttl FROM idem_configure_scope('kl_ttl', '{"ttl": 3600}');
-SELECT outcome FROM idem_reserve('kl_a', 'kl_ttl', 'ttl-scope', sha256('t'));
-SELECT outcome FROM idem_reserve('kl_a', 'kl_ttl', 'ttl-both', sha256('t'), '5 minutes');
+SELECT outcome FROM idem_reserve('kl_a', 'kl_ttl', 'ttl-scope', fingerprint => sha256('t'));
+SELECT outcome FROM idem_reserve('kl_a', 'kl_ttl', 'ttl-both', ttl => '5 minutes', fingerprint => sha256('t'));
 RESET idempotency.default_ttl;
 SELECT idem_key, expires_at - created_at AS ttl
   FROM idempotency.keys WHERE tenant_id = 'kl_a' AND idem_key LIKE 'ttl-%' ORDER BY 1;
 
 -- lock timeout: the scope's, else idempotency.default_lock_timeout
 SET idempotency.default_lock_timeout = '20s';
-SELECT outcome FROM idem_reserve('kl_a', 'orders', 'lt-1', sha256('l'));
+SELECT outcome FROM idem_reserve('kl_a', 'orders', 'lt-1', fingerprint => sha256('l'));
 UPDATE idempotency.keys SET locked_at = locked_at - interval '15 seconds'
  WHERE tenant_id = 'kl_a' AND idem_key = 'lt-1';
-SELECT outcome, retry_after FROM idem_reserve('kl_a', 'orders', 'lt-1', sha256('l'));
+SELECT outcome, retry_after FROM idem_reserve('kl_a', 'orders', 'lt-1', fingerprint => sha256('l'));
 UPDATE idempotency.keys SET locked_at = locked_at - interval '10 seconds'
  WHERE tenant_id = 'kl_a' AND idem_key = 'lt-1';
-SELECT outcome FROM idem_reserve('kl_a', 'orders', 'lt-1', sha256('l'));
+SELECT outcome FROM idem_reserve('kl_a', 'orders', 'lt-1', fingerprint => sha256('l'));
 RESET idempotency.default_lock_timeout;
 
 -- wait on a committed two-phase reservation gives up with in_progress
-SELECT outcome FROM idem_reserve('kl_a', 'orders', 'w-1', sha256('w'));
-SELECT outcome, retry_after FROM idem_reserve('kl_a', 'orders', 'w-1', sha256('w'), wait => '50 milliseconds');
+SELECT outcome FROM idem_reserve('kl_a', 'orders', 'w-1', fingerprint => sha256('w'));
+SELECT outcome, retry_after FROM idem_reserve('kl_a', 'orders', 'w-1', wait => '50 milliseconds', fingerprint => sha256('w'));
 
 -- a second reserve of a key the same transaction holds: in_progress
 BEGIN;
-SELECT outcome FROM idem_reserve('kl_a', 'orders', 'same-xact', sha256('x'));
-SELECT outcome FROM idem_reserve('kl_a', 'orders', 'same-xact', sha256('x'));
+SELECT outcome FROM idem_reserve('kl_a', 'orders', 'same-xact', fingerprint => sha256('x'));
+SELECT outcome FROM idem_reserve('kl_a', 'orders', 'same-xact', fingerprint => sha256('x'));
 SELECT idem_complete('kl_a', 'orders', 'same-xact', 200, '{}');
 COMMIT;
 
 -- completion is a HOT update: no index covers what it changes
-SELECT outcome FROM idem_reserve('kl_a', 'orders', 'hot-1', sha256('h'));
+SELECT outcome FROM idem_reserve('kl_a', 'orders', 'hot-1', fingerprint => sha256('h'));
 SELECT pg_stat_force_next_flush();
 SELECT n_tup_upd AS upd0, n_tup_hot_upd AS hot0 FROM pg_stat_user_tables
  WHERE relid = 'idempotency.keys'::regclass \gset

@@ -11,7 +11,7 @@ SELECT idem_complete('ks_a', 'orders', 'sec-1', 201, '{"id": 7}');
 COMMIT;
 SELECT outcome, response_body FROM idem_reserve('ks_a', 'orders', 'sec-1', '{"x": 1}'::jsonb);
 SELECT status, response_code FROM idem_lookup('ks_a', 'orders', 'sec-1');
-SELECT lock_token IS NOT NULL AS has_token FROM idem_reserve('ks_a', 'orders', 'sec-2', sha256('y'));
+SELECT lock_token IS NOT NULL AS has_token FROM idem_reserve('ks_a', 'orders', 'sec-2', fingerprint => sha256('y'));
 SELECT idem_checkpoint('ks_a', 'orders', 'sec-2', 'step');
 SELECT idem_release('ks_a', 'orders', 'sec-2');
 RESET search_path;

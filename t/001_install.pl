@@ -8,7 +8,7 @@ use IdemTest qw(new_idem_node);
 my $node = new_idem_node('install');
 is($node->safe_psql('postgres',
 		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
-	'1.0', 'extension created');
+	'1.1', 'extension created');
 is($node->safe_psql('postgres', 'SHOW idempotency.default_ttl'),
 	'1d', 'GUCs registered at preload');
 $node->restart;

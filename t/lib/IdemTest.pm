@@ -6,7 +6,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use Exporter 'import';
 
-our @EXPORT_OK = qw(new_idem_node);
+our @EXPORT_OK = qw(new_idem_node catalog_snapshot);
 
 # A fresh cluster with pg_cron and idempotency preloaded and the extension
 # created in database "postgres" (pg_cron's database).  Extra postgresql.conf
@@ -31,6 +31,74 @@ sub new_idem_node
 	$node->start;
 	$node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
 	return $node;
+}
+
+# Everything the extension created in database $db, one line per object or
+# property, sorted, without OIDs: what must be equal between a fresh
+# install and an updated one.
+sub catalog_snapshot
+{
+	my ($node, $db) = @_;
+	return $node->safe_psql($db, <<'SQL');
+WITH ext AS (SELECT oid, extconfig, extcondition FROM pg_extension
+              WHERE extname = 'idempotency'),
+mem AS (SELECT d.classid, d.objid FROM pg_depend d, ext
+         WHERE d.refclassid = 'pg_extension'::regclass
+           AND d.refobjid = ext.oid AND d.deptype = 'e'),
+rels AS (SELECT c.oid, c.relname, c.relkind, c.reloptions, c.relacl
+           FROM pg_class c JOIN mem ON mem.classid = 'pg_class'::regclass
+                                   AND mem.objid = c.oid),
+lines AS (
+  SELECT format('function %s(%s) -> %s kind=%s secdef=%s vol=%s strict=%s par=%s config=%s acl=%s lang=%s src=%s comment=%s',
+                p.proname, pg_get_function_arguments(p.oid),
+                pg_get_function_result(p.oid), p.prokind, p.prosecdef,
+                p.provolatile, p.proisstrict, p.proparallel, p.proconfig,
+                p.proacl, l.lanname, md5(p.prosrc),
+                obj_description(p.oid, 'pg_proc')) AS line
+    FROM pg_proc p JOIN mem ON mem.classid = 'pg_proc'::regclass AND mem.objid = p.oid
+    JOIN pg_language l ON l.oid = p.prolang
+  UNION ALL
+  SELECT format('type %s kind=%s labels=%s acl=%s', t.typname, t.typtype,
+                (SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
+                   FROM pg_enum e WHERE e.enumtypid = t.oid), t.typacl)
+    FROM pg_type t JOIN mem ON mem.classid = 'pg_type'::regclass AND mem.objid = t.oid
+  UNION ALL
+  SELECT format('relation %s kind=%s options=%s acl=%s comment=%s', r.relname,
+                r.relkind, r.reloptions, r.relacl, obj_description(r.oid, 'pg_class'))
+    FROM rels r
+  UNION ALL
+  SELECT format('column %s.%s #%s %s notnull=%s default=%s identity=%s',
+                r.relname, a.attname,
+                row_number() OVER (PARTITION BY r.oid ORDER BY a.attnum),
+                format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                pg_get_expr(ad.adbin, ad.adrelid), a.attidentity)
+    FROM rels r JOIN pg_attribute a ON a.attrelid = r.oid
+    LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+   WHERE a.attnum > 0 AND NOT a.attisdropped
+  UNION ALL
+  SELECT format('index %s', pg_get_indexdef(i.indexrelid))
+    FROM rels r JOIN pg_index i ON i.indrelid = r.oid
+  UNION ALL
+  SELECT format('constraint %s.%s %s', r.relname, co.conname, pg_get_constraintdef(co.oid))
+    FROM rels r JOIN pg_constraint co ON co.conrelid = r.oid
+  UNION ALL
+  SELECT format('trigger %s', pg_get_triggerdef(tg.oid))
+    FROM rels r JOIN pg_trigger tg ON tg.tgrelid = r.oid WHERE NOT tg.tgisinternal
+  UNION ALL
+  SELECT format('view %s %s', r.relname, md5(pg_get_viewdef(r.oid)))
+    FROM rels r WHERE r.relkind = 'v'
+  UNION ALL
+  SELECT format('schema %s acl=%s', n.nspname, n.nspacl)
+    FROM pg_namespace n JOIN mem ON mem.classid = 'pg_namespace'::regclass AND mem.objid = n.oid
+  UNION ALL
+  SELECT format('dumped %s where %s', c.cfg::regclass, c.cond)
+    FROM ext, unnest(ext.extconfig, ext.extcondition) AS c(cfg, cond)
+  UNION ALL
+  SELECT format('member %s', pg_describe_object(mem.classid, mem.objid, 0))
+    FROM mem
+)
+SELECT string_agg(line, E'\n' ORDER BY line) FROM lines;
+SQL
 }
 
 1;

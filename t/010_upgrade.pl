@@ -1,0 +1,72 @@
+# Upgrade path: a database on the released 1.0 script, with finished and
+# in-flight keys, scope policies and outbox rows, is updated with ALTER
+# EXTENSION idempotency UPDATE.  Afterwards (a) every object of the
+# extension (functions and their signatures, options and privileges, types,
+# tables, columns, indexes, constraints, triggers, views, roles' grants,
+# pg_dump registrations) is what a fresh install of the current version
+# creates, and (b) the old data keeps working: finished keys replay,
+# in-flight two-phase keys complete with their lock token, outbox rows are
+# claimed and delivered.
+use strict;
+use warnings;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest qw(new_idem_node catalog_snapshot);
+
+my $node = new_idem_node('upgrade');
+my $current = $node->safe_psql('postgres',
+	"SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'");
+isnt($current, '1.0', "the current version ($current) is newer than 1.0");
+
+$node->safe_psql('postgres', 'CREATE DATABASE fresh');
+$node->safe_psql('fresh', 'CREATE EXTENSION idempotency');
+$node->safe_psql('postgres', 'CREATE DATABASE old');
+$node->safe_psql('old', "CREATE EXTENSION idempotency VERSION '1.0'");
+is($node->safe_psql('old',
+		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
+	'1.0', 'the released 1.0 script installs');
+
+# data written through the 1.0 API
+$node->safe_psql('old', q{
+SELECT idem_configure_scope('pay', '{"ttl": "2 days", "stale_action": "takeover", "fingerprint_ignore": ["/trace"]}');
+BEGIN;
+SELECT outcome FROM idem_reserve('acme', 'pay', 'done-1', '{"amount": 1, "trace": "a"}'::jsonb);
+SELECT idem_complete('acme', 'pay', 'done-1', 201, '{"charge": "ch_1"}', '{"Location": "/c/1"}');
+SELECT outbox_enqueue('acme', 'charge.created', '{"charge": "ch_1"}', 'done-1', 'pay');
+COMMIT;
+SELECT outbox_enqueue('acme', 'mail', '{"to": "x"}');
+});
+my $token = $node->safe_psql('old',
+	q{SELECT lock_token FROM idem_reserve('acme', 'pay', 'flight-1', '{"amount": 2}'::jsonb)});
+like($token, qr/^[0-9a-f-]{36}$/, 'a two-phase reservation in flight under 1.0');
+
+$node->safe_psql('old', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('old',
+		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
+	$current, "updated to $current");
+
+# (a) the catalog equals a fresh install's
+my $fresh = catalog_snapshot($node, 'fresh');
+my $updated = catalog_snapshot($node, 'old');
+ok(length($fresh) > 1000, 'the catalog snapshot lists the extension objects');
+is($updated, $fresh, 'an updated database has the objects of a fresh install');
+
+# (b) the old data works with the new version
+is($node->safe_psql('old', q{
+SELECT outcome || ' ' || response_code || ' ' || response_body::text
+  FROM idem_reserve('acme', 'pay', 'done-1', '{"trace": "b", "amount": 1}')}),
+	'replay 201 {"charge": "ch_1"}', 'a key finished under 1.0 replays');
+is($node->safe_psql('old', q{
+SELECT outcome FROM idem_reserve('acme', 'pay', 'flight-1', '{"amount": 2}')}),
+	'in_progress', 'a reservation in flight under 1.0 is still held');
+is($node->safe_psql('old', qq{
+SELECT idem_complete('acme', 'pay', 'flight-1', 200, '{"ok": true}', lock_token => '$token')}),
+	'succeeded', 'and completes with its lock token');
+$node->safe_psql('old', q{
+SELECT outbox_ack(c.tenant_id, c.id, c.lease_token) FROM outbox_claim('w1', 10) c});
+is($node->safe_psql('old',
+		q{SELECT count(*) FROM idempotency.outbox WHERE status = 'done'}),
+	'2', 'outbox rows written under 1.0 are claimed and delivered');
+
+$node->stop;
+done_testing();
