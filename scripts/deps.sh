@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian 12 packages the extension, its tests and its demo need,
-# skipping what is already there.  Run as root.
-# PG=17 or PG=18 (see scripts/lib.sh) installs what building that server
-# from source needs instead of the postgresql-15 packages.
+# skipping what is already there.  Run as root.  With PG=17 or PG=18 (see
+# scripts/lib.sh), what building that server from source needs instead of
+# the postgresql-15 packages.
 set -euo pipefail
 
 if [ "${PG:-15}" = 15 ]; then
@@ -13,6 +13,7 @@ if [ "${PG:-15}" = 15 ]; then
     )
 else
     packages=(
+        postgresql-common           # the postgres user (no server)
         dpkg-dev                    # apt-get source unpacks with dpkg-source
         bzip2 xz-utils
         bison flex perl             # the server's build
