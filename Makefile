@@ -52,7 +52,7 @@ idempotency--$(EXTVERSION).sql: $(INSTALL_PARTS)
 	cat $^ > $@
 
 # Set-up and walk-through on a Debian 12 machine (as root).
-.PHONY: demo test deps bench
+.PHONY: demo test deps bench fuzz check-valgrind
 deps:
 	bash scripts/deps.sh
 
@@ -65,3 +65,11 @@ test:
 
 bench:
 	bash bench/run.sh
+
+# long runs of the fingerprint differential and the input fuzzer (fuzz/)
+fuzz:
+	bash scripts/fuzz.sh
+
+# the regression and isolation suites against a server under valgrind
+check-valgrind:
+	bash scripts/check-valgrind.sh

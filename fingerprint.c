@@ -29,7 +29,9 @@
  * double has exactly the numeric's own significant digits and is formatted
  * from them directly.  Longer numbers are converted with strtod() and
  * printed with PostgreSQL's shortest round-trip printer (Ryu), then
- * reformatted into ECMAScript notation.  A number whose nearest double is
+ * reformatted into ECMAScript notation; where a decimal exactly half-way to
+ * the next double is shorter still, ECMAScript writes that one, and so does
+ * this file (shorter_boundary).  A number whose nearest double is
  * infinite, or zero while the number is not, is an error: two different
  * amounts must never share a fingerprint silently.
  *
@@ -57,6 +59,7 @@
 #include "postgres.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -672,6 +675,92 @@ report_number_out_of_range(const NumericDigits *nd, const char *digits,
 }
 
 /*
+ * shorter_boundary
+ *		ECMAScript's shortest digits of d when they are shorter than Ryu's k.
+ *
+ * Number.prototype.toString takes the fewest digits whose value reads back
+ * as d, reading with round-half-to-even.  A decimal exactly half-way
+ * between d and a neighbouring double reads back as d when d's significand
+ * is even, and may have fewer digits than anything strictly between the
+ * two: 1e23 is the midpoint between 99999999999999991611392 (even) and the
+ * next double, so ECMAScript writes that double "1e+23".  Ryu never takes
+ * an upper midpoint (nor a lower one above 2^53), and writes it
+ * "9.999999999999999e+22".
+ *
+ * A midpoint is (2m + 1) * 2^(e - 1) for d = m * 2^e (the lower one at a
+ * power of two is (4m - 1) * 2^(e - 2)): an odd number times a power of
+ * two.  With a negative power its decimal expansion ends in an odd digit
+ * and has at least 17 significant digits, never fewer than Ryu's; with a
+ * power q >= 0 it is an integer whose trailing zeros come from the factors
+ * 5 of the odd part, as many as min(q, those factors).  So the midpoints
+ * worth a look are p * 2^q = s * 10^t with s small, computed exactly in 64
+ * bits.  Returns the number of digits written into "digits" (0 when
+ * neither midpoint is shorter than k) and sets *n so that the value is
+ * 0.DIGITS x 10^n.
+ */
+static int
+shorter_boundary(double d, int k, char *digits, int *n)
+{
+	int			e2;
+	uint64		m2;
+	int			best = 0;
+	int			side;
+
+	/* d = m2 * 2^e2, m2 the 53-bit significand */
+	(void) frexp(fabs(d), &e2);
+	if (e2 < DBL_MIN_EXP)
+		return 0;				/* subnormal: midpoints are fractions */
+	m2 = (uint64) ldexp(fabs(d), 53 - e2);
+	e2 -= 53;
+	if ((m2 & 1) != 0 || e2 < 1)
+		return 0;				/* odd significand, or fractional midpoints */
+
+	for (side = 0; side < 2; side++)
+	{
+		uint64		p;
+		int			q;
+		int			t = 0;
+		uint64		s;
+		char		buf[24];
+		int			len;
+
+		if (side == 0)
+		{
+			p = 2 * m2 + 1;		/* upper midpoint */
+			q = e2 - 1;
+		}
+		else if (m2 == (UINT64CONST(1) << 52))
+		{
+			p = 4 * m2 - 1;		/* lower midpoint at a power of two */
+			q = e2 - 2;
+		}
+		else
+		{
+			p = 2 * m2 - 1;
+			q = e2 - 1;
+		}
+		if (q < 0)
+			continue;
+		while (t < q && p % 5 == 0)
+		{
+			p /= 5;
+			t++;
+		}
+		/* s = p * 2^(q - t) must have fewer than k <= 17 digits */
+		if (q - t >= 64 || p > (UINT64CONST(9999999999999999) >> (q - t)))
+			continue;
+		s = p << (q - t);
+		len = snprintf(buf, sizeof(buf), UINT64_FORMAT, s);
+		if (len >= k || (best != 0 && len >= best))
+			continue;
+		memcpy(digits, buf, len);
+		*n = len + t;
+		best = len;
+	}
+	return best;
+}
+
+/*
  * number_via_double
  *		The general case: the nearest double by strtod() (correctly rounded),
  *		its shortest round-trip digits by Ryu, in ECMAScript notation.
@@ -741,6 +830,14 @@ number_via_double(const NumericDigits *nd, char *out, const PathStep *path)
 		}
 		while (k > lead + 1 && digits[k - 1] == '0')
 			k--;
+		{
+			char		mid[DOUBLE_SHORTEST_DECIMAL_LEN];
+			int			midn;
+			int			midk = shorter_boundary(d, k - lead, mid, &midn);
+
+			if (midk > 0)
+				return format_es_number(out, nd->negative, mid, midk, midn);
+		}
 		return format_es_number(out, nd->negative, digits + lead, k - lead, n);
 	}
 }
@@ -956,8 +1053,10 @@ emit_container(CanonState *st, JsonbContainer *jc, int depth,
 				sink_putc(sink, ',');
 			first = false;
 			step.index = (int) i;
+			/* a scalar request is the whole document: pointer "" */
 			emit_value(st, entry, data, start, offset - start, depth + 1,
-					   child_active, nchild, &step);
+					   child_active, nchild,
+					   JsonContainerIsScalar(jc) ? path : &step);
 		}
 		if (!JsonContainerIsScalar(jc))
 			sink_putc(sink, ']');

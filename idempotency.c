@@ -18,10 +18,17 @@
 
 #include <limits.h>
 
-#include "fmgr.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
 
 #include "idempotency.h"
 
@@ -40,6 +47,9 @@ bool		idem_outbox_notify = true;
 bool		idem_loaded_at_startup = false;
 
 void		_PG_init(void);
+
+PG_FUNCTION_INFO_V1(idem_bind_tenant);
+PG_FUNCTION_INFO_V1(idem_unbind_tenant);
 
 /*
  * idem_saved_plan
@@ -66,15 +76,173 @@ idem_saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes,
 	return plan;
 }
 
+/* ----------------------------------------------------------------
+ * Tenant binding
+ *
+ * idempotency.tenant_bindings binds a role to one tenant.  The roles that
+ * count are the session user and the current role outside any SECURITY
+ * DEFINER function (what SET ROLE sets): neither SET, RESET nor naming
+ * another tenant gets a bound role past it.  The binding of the pair is
+ * cached per backend and dropped when the table changes (relcache
+ * invalidation) or the pair does.
+ * ----------------------------------------------------------------
+ */
+static bool binding_valid = false;
+static bool binding_callback_registered = false;
+static Oid	binding_relid = InvalidOid;
+static Oid	binding_session_user = InvalidOid;
+static Oid	binding_outer_user = InvalidOid;
+static char *binding_tenant = NULL; /* in TopMemoryContext; NULL: unbound */
+static char *binding_role = NULL;	/* the bound role's name, for messages */
+static bool binding_conflict = false;	/* two bindings to different tenants */
+static SPIPlanPtr plan_binding = NULL;
+
+static void
+binding_relcache_callback(Datum arg, Oid relid)
+{
+	(void) arg;
+	if (relid == InvalidOid || relid == binding_relid)
+		binding_valid = false;
+}
+
+/* The tenant "role" is bound to, palloc'd, or NULL.  Between SPI calls. */
+static char *
+binding_of(Oid role)
+{
+	Oid			argtypes[1] = {OIDOID};
+	Datum		values[1];
+	bool		isnull;
+
+	idem_saved_plan(&plan_binding,
+					"SELECT tenant FROM idempotency.tenant_bindings"
+					" WHERE role OPERATOR(pg_catalog.=) $1::pg_catalog.regrole",
+					1, argtypes, 0);
+	values[0] = ObjectIdGetDatum(role);
+	idem_spi_execute(plan_binding, values, NULL, true, 1);
+	if (SPI_processed == 0)
+		return NULL;
+	return TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
+											 SPI_tuptable->tupdesc, 1,
+											 &isnull));
+}
+
+/* Load the binding of the current (session user, outer user) pair. */
+static void
+binding_load(void)
+{
+	Oid			session_user = GetSessionUserId();
+	Oid			outer_user = GetOuterUserId();
+	Oid			nsp;
+	char	   *tenant = NULL;
+	char	   *role = NULL;
+	bool		conflict = false;
+
+	if (binding_valid && session_user == binding_session_user &&
+		outer_user == binding_outer_user)
+		return;
+
+	if (!binding_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(binding_relcache_callback, (Datum) 0);
+		binding_callback_registered = true;
+	}
+	nsp = get_namespace_oid("idempotency", false);
+	binding_relid = get_relname_relid("tenant_bindings", nsp);
+	binding_valid = true;
+	if (!OidIsValid(binding_relid))
+	{
+		/* version 1.0 of the SQL objects: no bindings yet */
+		binding_session_user = session_user;
+		binding_outer_user = outer_user;
+		binding_tenant = NULL;
+		return;
+	}
+
+	idem_spi_connect();
+	tenant = binding_of(session_user);
+	if (tenant != NULL)
+		role = GetUserNameFromId(session_user, false);
+	if (outer_user != session_user)
+	{
+		char	   *outer_tenant = binding_of(outer_user);
+
+		if (outer_tenant != NULL)
+		{
+			if (tenant != NULL && strcmp(tenant, outer_tenant) != 0)
+				conflict = true;
+			if (tenant == NULL)
+				role = GetUserNameFromId(outer_user, false);
+			tenant = outer_tenant;
+		}
+	}
+
+	if (binding_tenant)
+		pfree(binding_tenant);
+	if (binding_role)
+		pfree(binding_role);
+	binding_tenant = tenant ? MemoryContextStrdup(TopMemoryContext, tenant) : NULL;
+	binding_role = role ? MemoryContextStrdup(TopMemoryContext, role) : NULL;
+	binding_conflict = conflict;
+	binding_session_user = session_user;
+	binding_outer_user = outer_user;
+	SPI_finish();
+}
+
+/*
+ * idem_bound_tenant
+ *		The tenant the calling role is bound to, or NULL.  A session whose
+ *		session user and current role are bound to different tenants may
+ *		act for neither (42501).
+ */
+const char *
+idem_bound_tenant(void)
+{
+	binding_load();
+	if (binding_conflict)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("the session user and the current role are bound to different tenants"),
+				 errhint("Connect as, or SET ROLE to, a role bound to the tenant to act for.")));
+	return binding_tenant;
+}
+
+/*
+ * idem_effective_tenant
+ *		The tenant a call that names none is confined to: the binding, else
+ *		idempotency.tenant, else NULL (any).
+ */
+const char *
+idem_effective_tenant(void)
+{
+	const char *bound = idem_bound_tenant();
+
+	if (bound != NULL)
+		return bound;
+	if (idem_session_tenant != NULL && idem_session_tenant[0] != '\0')
+		return idem_session_tenant;
+	return NULL;
+}
+
 /*
  * idem_check_tenant
- *		Defence in depth for applications that derive the tenant from an
- *		authentication token and SET LOCAL idempotency.tenant: every function
- *		that takes a tenant calls this before touching a table.
+ *		Every function that takes a tenant calls this before touching a
+ *		table.  A role bound to a tenant (idem_bind_tenant) acts for that
+ *		tenant only: a security boundary.  idempotency.tenant, set with SET
+ *		LOCAL by applications that derive the tenant from an authentication
+ *		token, is defence in depth against bugs: the session can change it.
  */
 void
 idem_check_tenant(const char *tenant)
 {
+	const char *bound = idem_bound_tenant();
+
+	if (bound != NULL && strcmp(tenant, bound) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("role \"%s\" is bound to tenant \"%s\"",
+						binding_role, bound),
+				 errdetail("The call names tenant \"%s\".", tenant),
+				 errhint("Pass the tenant the role is bound to; an administrator changes bindings with idem_bind_tenant().")));
 	if (idem_session_tenant == NULL || idem_session_tenant[0] == '\0')
 		return;
 	if (strcmp(tenant, idem_session_tenant) != 0)
@@ -84,6 +252,104 @@ idem_check_tenant(const char *tenant)
 				 errdetail("This session is bound to tenant \"%s\".",
 						   idem_session_tenant),
 				 errhint("Pass the tenant the session was authenticated for, or reset idempotency.tenant.")));
+}
+
+/*
+ * idem_bind_tenant(role regrole, tenant text) RETURNS void
+ *		Bind "role" to "tenant" (replacing an earlier binding).  Writes one
+ *		row of idempotency.tenant_bindings.
+ */
+Datum
+idem_bind_tenant(PG_FUNCTION_ARGS)
+{
+	Oid			argtypes[2] = {OIDOID, TEXTOID};
+	Datum		values[2];
+	static SPIPlanPtr plan = NULL;
+
+	idem_require_arg(fcinfo, 0, "role");
+	idem_require_arg(fcinfo, 1, "tenant");
+	if (VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(1)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("tenant must not be empty"),
+				 errhint("Pass the tenant the role acts for.")));
+	idem_spi_connect();
+	idem_saved_plan(&plan,
+					"INSERT INTO idempotency.tenant_bindings AS b (role, tenant)"
+					" VALUES ($1::pg_catalog.regrole, $2)"
+					" ON CONFLICT (role) DO UPDATE SET tenant = EXCLUDED.tenant",
+					2, argtypes, 0);
+	values[0] = PG_GETARG_DATUM(0);
+	values[1] = PG_GETARG_DATUM(1);
+	idem_spi_execute(plan, values, NULL, false, 0);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_unbind_tenant(role regrole) RETURNS boolean
+ *		Remove the binding of "role"; false when it had none.
+ */
+Datum
+idem_unbind_tenant(PG_FUNCTION_ARGS)
+{
+	Oid			argtypes[1] = {OIDOID};
+	Datum		values[1];
+	static SPIPlanPtr plan = NULL;
+	bool		removed;
+
+	idem_require_arg(fcinfo, 0, "role");
+	idem_spi_connect();
+	idem_saved_plan(&plan,
+					"DELETE FROM idempotency.tenant_bindings"
+					" WHERE role OPERATOR(pg_catalog.=) $1::pg_catalog.regrole",
+					1, argtypes, 0);
+	values[0] = PG_GETARG_DATUM(0);
+	idem_spi_execute(plan, values, NULL, false, 0);
+	removed = SPI_processed > 0;
+	SPI_finish();
+	PG_RETURN_BOOL(removed);
+}
+
+/* ----------------------------------------------------------------
+ * Helpers every module uses
+ * ----------------------------------------------------------------
+ */
+
+/* SPI_connect, with its result checked. */
+void
+idem_spi_connect(void)
+{
+	int			rc = SPI_connect();
+
+	if (rc != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed: %s", SPI_result_code_string(rc));
+}
+
+/* SPI_execute_plan, with its result checked; returns the SPI result code. */
+int
+idem_spi_execute(SPIPlanPtr plan, Datum *values, const char *nulls,
+				 bool read_only, long count)
+{
+	int			rc = SPI_execute_plan(plan, values, nulls, read_only, count);
+
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	return rc;
+}
+
+/*
+ * Refuse a NULL argument with 22004, naming it: functions are not STRICT,
+ * so that a NULL is an error with a hint instead of a silent NULL.
+ */
+void
+idem_require_arg(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", name),
+				 errhint("Pass a non-null %s.", name)));
 }
 
 void
@@ -181,7 +447,7 @@ _PG_init(void)
 	if (process_shared_preload_libraries_in_progress)
 		DefineCustomIntVariable("idempotency.stats_max_entries",
 								gettext_noop("Number of (tenant, scope) pairs whose counters are kept in shared memory."),
-								gettext_noop("Pairs beyond it are counted under tenant and scope \"(other)\"."),
+								gettext_noop("When the table is full, the least used pairs are evicted and their counts added to tenant and scope \"(other)\"."),
 								&idem_stats_max_entries,
 								1000, 16, 1000000,
 								PGC_POSTMASTER,

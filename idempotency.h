@@ -19,6 +19,7 @@
 
 #include "postgres.h"
 
+#include "fmgr.h"
 #include "utils/array.h"
 #include "utils/jsonb.h"
 
@@ -49,18 +50,37 @@ extern bool idem_outbox_notify;
 extern bool idem_loaded_at_startup;
 
 /*
- * Refuse a call naming "tenant" when the session is bound to another one by
- * idempotency.tenant (SQLSTATE 42501).  "tenant" must not be NULL: callers
- * check that first (22004) so the message can name the argument.
+ * Refuse a call naming "tenant" when the calling role is bound to another
+ * tenant (idem_bind_tenant) or the session set idempotency.tenant to
+ * another one (SQLSTATE 42501).  "tenant" must not be NULL: callers check
+ * that first (22004) so the message can name the argument.
  */
 extern void idem_check_tenant(const char *tenant);
+
+/* The tenant the calling role is bound to, or NULL. */
+extern const char *idem_bound_tenant(void);
+
+/*
+ * The tenant a call that names none is confined to (binding, else
+ * idempotency.tenant), or NULL for any.
+ */
+extern const char *idem_effective_tenant(void);
+
+/* SPI_connect and SPI_execute_plan with their results checked. */
+struct _SPI_plan;
+extern void idem_spi_connect(void);
+extern int	idem_spi_execute(struct _SPI_plan *plan, Datum *values,
+							 const char *nulls, bool read_only, long count);
+
+/* A NULL argument "name" is an error (22004) with a hint. */
+extern void idem_require_arg(FunctionCallInfo fcinfo, int argno,
+							 const char *name);
 
 /*
  * The saved SPI plan of "sql" in *cache, prepared (with cursor_options,
  * e.g. CURSOR_OPT_GENERIC_PLAN) and kept on first use.  Between SPI_connect
  * and SPI_finish.
  */
-struct _SPI_plan;
 extern struct _SPI_plan *idem_saved_plan(struct _SPI_plan **cache,
 										 const char *sql, int nargs,
 										 Oid *argtypes, int cursor_options);

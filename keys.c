@@ -58,6 +58,7 @@
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "common/hashfn.h"
+#include "common/int.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -93,6 +94,10 @@
 
 /* Retry-After bounds, in seconds, for "in_progress". */
 #define RETRY_AFTER_MAX		60
+
+/* Longest ttl and wait accepted. */
+#define MAX_TTL_USECS	((int64) 1000 * 365 * USECS_PER_DAY)
+#define MAX_WAIT_USECS	((int64) USECS_PER_DAY)
 
 /* Attempts before giving up when a conflicting row vanishes under us. */
 #define RESERVE_ATTEMPTS	3
@@ -232,6 +237,26 @@ static const char *const keys_att_names[KEYS_ATT_COUNT] = {
 	"needs_reconciliation", "expires_at"
 };
 static AttrNumber keys_attnum[KEYS_ATT_COUNT];
+static Oid	reservation_relid = InvalidOid;
+
+/*
+ * The reservations this transaction created or took over, by the 64-bit
+ * hash of (tenant, scope, key), with their lock tokens: the transaction
+ * that reserved a key may complete, checkpoint or release it without
+ * passing the token; any other needs it (fencing).  A hash collision can
+ * only hand over the token of another key, which the fenced write then
+ * rejects.  Lives in TopTransactionContext; entries of an aborted
+ * subtransaction are dropped with it.
+ */
+typedef struct HeldKey
+{
+	uint64		hash;			/* hash key */
+	SubTransactionId subid;
+	pg_uuid_t	token;
+} HeldKey;
+
+static HTAB *held_keys = NULL;
+static bool held_callbacks_registered = false;
 static HTAB *scope_cache = NULL;
 
 /* Saved plans, prepared on first use. */
@@ -268,7 +293,14 @@ static void
 keys_relcache_callback(Datum arg, Oid relid)
 {
 	(void) arg;
-	if (relid == InvalidOid || relid == scopes_relid)
+
+	/*
+	 * The table, its primary key (REINDEX CONCURRENTLY, VACUUM FULL and
+	 * CLUSTER give it a new OID), the scopes table and the reservation
+	 * type: when any of them changes, look everything up again.
+	 */
+	if (relid == InvalidOid || relid == scopes_relid || relid == keys_relid ||
+		relid == keys_pkey_relid || relid == reservation_relid)
 	{
 		keys_cache_valid = false;
 		keys_inval_count++;
@@ -352,6 +384,7 @@ keys_ensure_cache(void)
 			status_oids[i] = keys_enum_label_oid(typid, status_labels[i]);
 
 		typid = keys_type_oid(nsp, "reservation");
+		reservation_relid = get_typ_typrelid(typid);
 		oldcxt = MemoryContextSwitchTo(keys_cache_cxt);
 		reservation_desc = lookup_rowtype_tupdesc_copy(typid, -1);
 		MemoryContextSwitchTo(oldcxt);
@@ -464,12 +497,22 @@ keys_ident_from_args(FunctionCallInfo fcinfo, KeyIdent *id)
 	id->values[2] = PointerGetDatum(key);
 }
 
-/* Approximate length of an interval in microseconds (a month is 30 days). */
+/*
+ * Approximate length of an interval in microseconds (a month is 30 days),
+ * saturated at the int64 limits instead of overflowing.
+ */
 static int64
 keys_interval_usecs(const Interval *iv)
 {
-	return iv->time + (int64) iv->day * USECS_PER_DAY +
-		(int64) iv->month * DAYS_PER_MONTH * USECS_PER_DAY;
+	int64		days;
+	int64		usecs;
+	int64		result;
+
+	days = (int64) iv->month * DAYS_PER_MONTH + iv->day;	/* cannot overflow */
+	if (pg_mul_s64_overflow(days, USECS_PER_DAY, &usecs) ||
+		pg_add_s64_overflow(usecs, iv->time, &result))
+		return days < 0 ? PG_INT64_MIN : PG_INT64_MAX;
+	return result;
 }
 
 static Interval
@@ -542,8 +585,9 @@ keys_check_response(FunctionCallInfo fcinfo, int code_arg, int body_arg,
  * ----------------------------------------------------------------
  */
 
-static void
-keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
+/* 64-bit hash of (tenant, scope, key). */
+static uint64
+keys_hash(KeyIdent *id)
 {
 	uint64		h = 0;
 	int			i;
@@ -558,8 +602,107 @@ keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
 								   VARSIZE_ANY_EXHDR(t), i);
 		h = hash_combine64(h, part);
 	}
+	return h;
+}
+
+static void
+keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
+{
+	uint64		h = keys_hash(id);
+
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
 						 IDEM_LOCKTAG_CLASS);
+}
+
+/* ----------------------------------------------------------------
+ * Reservations held by this transaction
+ * ----------------------------------------------------------------
+ */
+
+static void
+held_xact_callback(XactEvent event, void *arg)
+{
+	(void) arg;
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			/* the memory goes with TopTransactionContext */
+			held_keys = NULL;
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					  SubTransactionId parentSubid, void *arg)
+{
+	HASH_SEQ_STATUS status;
+	HeldKey    *entry;
+
+	(void) parentSubid;
+	(void) arg;
+	if (event != SUBXACT_EVENT_ABORT_SUB || held_keys == NULL)
+		return;
+
+	/*
+	 * Subtransactions started since the aborted one began are its
+	 * descendants, so every entry with a subid at least mySubid goes.
+	 */
+	hash_seq_init(&status, held_keys);
+	while ((entry = (HeldKey *) hash_seq_search(&status)) != NULL)
+	{
+		if (entry->subid >= mySubid)
+			(void) hash_search(held_keys, &entry->hash, HASH_REMOVE, NULL);
+	}
+}
+
+/* Remember that this transaction holds the key's reservation with "token". */
+static void
+held_remember(KeyIdent *id, const pg_uuid_t *token)
+{
+	uint64		hash = keys_hash(id);
+	HeldKey    *entry;
+
+	if (!held_callbacks_registered)
+	{
+		RegisterXactCallback(held_xact_callback, NULL);
+		RegisterSubXactCallback(held_subxact_callback, NULL);
+		held_callbacks_registered = true;
+	}
+	if (held_keys == NULL)
+	{
+		HASHCTL		ctl;
+
+		memset(&ctl, 0, sizeof(ctl));
+		ctl.keysize = sizeof(uint64);
+		ctl.entrysize = sizeof(HeldKey);
+		ctl.hcxt = TopTransactionContext;
+		held_keys = hash_create("idempotency reservations of this transaction",
+								16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_ENTER, NULL);
+	entry->subid = GetCurrentSubTransactionId();
+	entry->token = *token;
+}
+
+/* The token of a reservation this transaction holds, or NULL. */
+static pg_uuid_t *
+held_token(KeyIdent *id)
+{
+	uint64		hash;
+	HeldKey    *entry;
+
+	if (held_keys == NULL)
+		return NULL;
+	hash = keys_hash(id);
+	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_FIND, NULL);
+	return entry ? &entry->token : NULL;
 }
 
 /*
@@ -919,21 +1062,36 @@ reserve_renew(Datum *values)
 	return SPI_processed == 1;
 }
 
-static void
-reserve_takeover(KeyIdent *id, pg_uuid_t *token, TimestampTz now)
+/*
+ * Hand a stale reservation to a new attempt: a new lock token, and a new
+ * ttl from now, so that the response the new attempt stores is kept as
+ * long as any other.  Only the row as it was read matches (still
+ * processing, not flagged for reconciliation, the same token): if the
+ * sweeper flagged it or another attempt finished it meanwhile, returns
+ * false and the caller reads the row again.
+ */
+static bool
+reserve_takeover(KeyIdent *id, const KeyRow *row, Datum *newvalues)
 {
-	Oid			argtypes[5] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID,
-	TIMESTAMPTZOID};
-	Datum		values[5];
+	Oid			argtypes[7] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID,
+	TIMESTAMPTZOID, TIMESTAMPTZOID, UUIDOID};
+	Datum		values[7];
+	char		nulls[7] = "       ";
 
 	idem_saved_plan(&plan_takeover,
-					"UPDATE idempotency.keys SET lock_token = $4, locked_at = $5"
-					KEY_WHERE,
-					5, argtypes, 0);
+					"UPDATE idempotency.keys SET lock_token = $4, locked_at = $5,"
+					" expires_at = $6" KEY_WHERE
+					" AND status = 'processing' AND NOT needs_reconciliation"
+					" AND lock_token IS NOT DISTINCT FROM $7",
+					7, argtypes, 0);
 	memcpy(values, id->values, sizeof(id->values));
-	values[3] = UUIDPGetDatum(token);
-	values[4] = TimestampTzGetDatum(now);
-	keys_exec(plan_takeover, values, NULL, false);
+	values[3] = newvalues[4];
+	values[4] = newvalues[5];
+	values[5] = newvalues[6];
+	values[6] = UUIDPGetDatum(&row->token);
+	nulls[6] = row->has_token ? ' ' : 'n';
+	keys_exec(plan_takeover, values, nulls, false);
+	return SPI_processed == 1;
 }
 
 static void
@@ -1029,12 +1187,18 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 		pg_uuid_t  *token = DatumGetUUIDP(newvalues[4]);
 
 		keys_new_token(token);
-		reserve_takeover(id, token, now);
+		if (!reserve_takeover(id, row, newvalues))
+		{
+			ans->outcome = OUTCOME_COUNT;	/* changed under us: read again */
+			return false;
+		}
 		ans->outcome = OUTCOME_CREATED;
 		ans->has_token = true;
 		ans->token = *token;
 		ans->has_recovery_point = row->has_recovery_point;
 		ans->recovery_point = row->recovery_point;
+		ans->has_expires_at = true;
+		ans->expires_at = DatumGetTimestampTz(newvalues[6]);
 		return true;
 	}
 
@@ -1074,6 +1238,12 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 	/* the token is drawn only when a row is written (not for a replay) */
 	token = (pg_uuid_t *) palloc0(sizeof(pg_uuid_t));
 	expires_at = keys_add_interval(now, ttl);
+	if (expires_at <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl must be positive"),
+				 errdetail("Added to the current time, the ttl gives a time that is not in the future."),
+				 errhint("Pass how long the key must be kept without negative parts, for example interval '1 day'.")));
 
 	memcpy(newvalues, id->values, sizeof(id->values));
 	newvalues[3] = PointerGetDatum(fp);
@@ -1184,7 +1354,7 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 	int64		wait_usecs = 0;
 	ScopePolicy policy;
 	LOCKTAG		tag;
-	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz deadline = 0;
 	ReserveAnswer ans;
 	MemoryContext callcxt = CurrentMemoryContext;
@@ -1227,11 +1397,19 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 	}
 	if (!PG_ARGISNULL(4))
 	{
+		int64		ttl_usecs;
+
 		ttl_arg = PG_GETARG_INTERVAL_P(4);
-		if (keys_interval_usecs(ttl_arg) <= 0)
+		ttl_usecs = keys_interval_usecs(ttl_arg);
+		if (ttl_usecs <= 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("ttl must be positive"),
+					 errhint("Pass how long the key must be kept, for example interval '1 day', or NULL for the scope's default.")));
+		if (ttl_usecs > MAX_TTL_USECS)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("ttl must be at most 1000 years"),
 					 errhint("Pass how long the key must be kept, for example interval '1 day', or NULL for the scope's default.")));
 	}
 	if (!PG_ARGISNULL(5))
@@ -1242,11 +1420,15 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("wait must not be negative"),
 					 errhint("Pass how long to wait for a concurrent attempt, for example interval '2 seconds', or 0 not to wait.")));
+		if (wait_usecs > MAX_WAIT_USECS)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("wait must be at most 1 day"),
+					 errhint("Pass how long to wait for a concurrent attempt, for example interval '2 seconds'; use statement_timeout to bound the whole statement.")));
 	}
 
 	keys_ensure_cache();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	idem_spi_connect();
 
 	keys_scope_policy(id.scope, &policy);
 	if (from_request)
@@ -1300,6 +1482,8 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 	}
 
 	reserve_count(&id, ans.outcome);
+	if (ans.outcome == OUTCOME_CREATED)
+		held_remember(&id, &ans.token);
 
 	MemoryContextSwitchTo(callcxt);
 	result = reserve_answer_datum(&ans);
@@ -1355,6 +1539,14 @@ keys_explain_no_match(KeyIdent *id, pg_uuid_t *token, const char *action)
 	KeyRow		row;
 	int			i;
 
+	if (!keys_fetch(id, false, &row) && IsolationUsesXactSnapshot() &&
+		keys_fetch(id, true, &row))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access to idempotency key \"%s\"",
+						id->key),
+				 errdetail("The key was reserved by a transaction that committed after this transaction's snapshot was taken."),
+				 errhint("Retry the whole transaction.")));
 	if (!keys_fetch(id, false, &row))
 		ereport(ERROR,
 				(errcode(ERRCODE_NO_DATA_FOUND),
@@ -1386,6 +1578,35 @@ keys_explain_no_match(KeyIdent *id, pg_uuid_t *token, const char *action)
 				 errhint("A key is completed once; a retry gets the stored response from idem_reserve().")));
 	}
 	elog(ERROR, "idempotency key \"%s\" matched no reservation to %s", id->key, action);
+}
+
+/*
+ * The lock token a fenced write on the key must match: the one passed, or,
+ * when none was, the one of the reservation this transaction made itself.
+ * A reservation that committed in another transaction cannot be written
+ * without its token (55006); no reservation at all is P0002, a finished
+ * one 55000.  Call with the key's lock held.
+ */
+static pg_uuid_t *
+keys_fence_token(KeyIdent *id, pg_uuid_t *token, const char *action)
+{
+	KeyRow		row;
+
+	if (token != NULL)
+		return token;
+	token = held_token(id);
+	if (token != NULL)
+		return token;
+	if (keys_fetch(id, false, &row) &&
+		row.status == status_oids[STATUS_PROCESSING])
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_IN_USE),
+				 errmsg("lock_token is required to %s idempotency key \"%s\"",
+						action, id->key),
+				 errdetail("The key was reserved by another transaction, which committed its reservation."),
+				 errhint("Pass the lock_token that idem_reserve() returned to the attempt holding the key.")));
+	keys_explain_no_match(id, NULL, action);
+	return NULL;				/* keep compiler quiet */
 }
 
 /* Lock a key for a write, waiting for a concurrent holder like any lock. */
@@ -1489,9 +1710,9 @@ idem_complete(PG_FUNCTION_ARGS)
 	keys_check_response(fcinfo, 3, 4, 5);
 
 	keys_ensure_cache();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	idem_spi_connect();
 	keys_lock_wait(&id);
+	token = keys_fence_token(&id, token, "complete");
 	status = keys_finish(&id, PG_GETARG_INT32(3),
 						 PG_GETARG_DATUM(4), PG_ARGISNULL(4),
 						 PG_GETARG_DATUM(5), PG_ARGISNULL(5), token,
@@ -1518,8 +1739,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 	keys_check_response(fcinfo, 3, 4, -1);
 
 	keys_ensure_cache();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	idem_spi_connect();
 	keys_lock_wait(&id);
 	status = keys_finish(&id, PG_GETARG_INT32(3),
 						 PG_GETARG_DATUM(4), PG_ARGISNULL(4),
@@ -1544,15 +1764,17 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	TIMESTAMPTZOID, UUIDOID};
 	Datum		values[6];
 	char		nulls[6] = "      ";
+	pg_uuid_t  *token;
 
 	keys_ident_from_args(fcinfo, &id);
 	if (PG_ARGISNULL(3))
 		keys_null_argument("recovery_point");
+	token = PG_ARGISNULL(4) ? NULL : PG_GETARG_UUID_P(4);
 
 	keys_ensure_cache();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	idem_spi_connect();
 	keys_lock_wait(&id);
+	token = keys_fence_token(&id, token, "checkpoint");
 	idem_saved_plan(&plan_checkpoint,
 					"UPDATE idempotency.keys SET recovery_point = $4, locked_at = $5"
 					KEY_WHERE " AND status = 'processing'"
@@ -1560,12 +1782,13 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 					6, argtypes, 0);
 	memcpy(values, id.values, sizeof(id.values));
 	values[3] = PG_GETARG_DATUM(3);
-	values[4] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
-	values[5] = PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4);
-	nulls[5] = PG_ARGISNULL(4) ? 'n' : ' ';
+	/* the attempt is alive now, however long its transaction has run */
+	values[4] = TimestampTzGetDatum(GetCurrentTimestamp());
+	values[5] = UUIDPGetDatum(token);
+	nulls[5] = ' ';
 	keys_exec(plan_checkpoint, values, nulls, false);
 	if (SPI_processed == 0)
-		keys_explain_no_match(&id, PG_ARGISNULL(4) ? NULL : PG_GETARG_UUID_P(4), "checkpoint");
+		keys_explain_no_match(&id, token, "checkpoint");
 	SPI_finish();
 	PG_RETURN_VOID();
 }
@@ -1582,71 +1805,77 @@ idem_release(PG_FUNCTION_ARGS)
 	Oid			argtypes[4] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID};
 	Datum		values[4];
 	char		nulls[4] = "    ";
+	pg_uuid_t  *token;
 
 	keys_ident_from_args(fcinfo, &id);
+	token = PG_ARGISNULL(3) ? NULL : PG_GETARG_UUID_P(3);
 
 	keys_ensure_cache();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	idem_spi_connect();
 	keys_lock_wait(&id);
+	token = keys_fence_token(&id, token, "release");
 	idem_saved_plan(&plan_delete,
 					"DELETE FROM idempotency.keys" KEY_WHERE
 					" AND status = 'processing'"
 					" AND ($4::pg_catalog.uuid IS NULL OR lock_token = $4)",
 					4, argtypes, 0);
 	memcpy(values, id.values, sizeof(id.values));
-	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
-	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
+	values[3] = UUIDPGetDatum(token);
 	keys_exec(plan_delete, values, nulls, false);
 	if (SPI_processed == 0)
-		keys_explain_no_match(&id, PG_ARGISNULL(3) ? NULL : PG_GETARG_UUID_P(3), "release");
+		keys_explain_no_match(&id, token, "release");
 	idem_stats_count(id.tenant, id.scope, IDEM_STAT_RELEASED, 1);
 	SPI_finish();
 	PG_RETURN_VOID();
 }
 
 /*
- * idem_lookup(tenant, scope, key) RETURNS SETOF idempotency.keys
- *		The key's row, if any, as it is now; no lock, no write.
+ * idem_lookup(tenant, scope, key) RETURNS TABLE (...)
+ *		The key's row, if any, as it is now; no lock, no write.  The columns
+ *		are those of the function's result, by name; lock_token is never
+ *		returned (whoever may look a key up must not be able to complete
+ *		another attempt's reservation with it).
  */
 Datum
 idem_lookup(PG_FUNCTION_ARGS)
 {
-	FuncCallContext *funcctx;
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	KeyIdent	id;
+	Oid			argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
 
-	if (SRF_IS_FIRSTCALL())
+	keys_ident_from_args(fcinfo, &id);
+	SetSingleFuncCall(fcinfo, 0);
+
+	idem_spi_connect();
+	idem_saved_plan(&plan_lookup,
+					"SELECT * FROM idempotency.keys" KEY_WHERE,
+					3, argtypes, 0);
+	keys_exec(plan_lookup, id.values, NULL, true);
+	if (SPI_processed > 0)
 	{
-		KeyIdent	id;
-		Oid			argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
-		MemoryContext oldcxt;
-		bool		isnull;
+		TupleDesc	outdesc = rsinfo->setDesc;
+		Datum	   *values = palloc(outdesc->natts * sizeof(Datum));
+		bool	   *nulls = palloc(outdesc->natts * sizeof(bool));
+		int			i;
 
-		funcctx = SRF_FIRSTCALL_INIT();
-		keys_ident_from_args(fcinfo, &id);
-
-		/* SPI_datumTransfer copies into the context current at connect */
-		oldcxt = MemoryContextSwitchTo(funcctx->multi_call_memory_ctx);
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		idem_saved_plan(&plan_lookup,
-						"SELECT k FROM idempotency.keys k" KEY_WHERE,
-						3, argtypes, 0);
-		keys_exec(plan_lookup, id.values, NULL, true);
-		funcctx->max_calls = SPI_processed;
-		if (SPI_processed > 0)
+		for (i = 0; i < outdesc->natts; i++)
 		{
-			Datum		d = SPI_getbinval(SPI_tuptable->vals[0],
-										  SPI_tuptable->tupdesc, 1, &isnull);
+			Form_pg_attribute att = TupleDescAttr(outdesc, i);
+			int			col = SPI_fnumber(SPI_tuptable->tupdesc,
+										  NameStr(att->attname));
 
-			d = SPI_datumTransfer(d, false, -1);
-			funcctx->user_fctx = DatumGetPointer(d);
+			if (att->attisdropped || col <= 0 ||
+				strcmp(NameStr(att->attname), "lock_token") == 0)
+			{
+				values[i] = (Datum) 0;
+				nulls[i] = true;
+				continue;
+			}
+			values[i] = SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, col, &nulls[i]);
 		}
-		SPI_finish();
-		MemoryContextSwitchTo(oldcxt);
+		tuplestore_putvalues(rsinfo->setResult, outdesc, values, nulls);
 	}
-
-	funcctx = SRF_PERCALL_SETUP();
-	if (funcctx->call_cntr < funcctx->max_calls)
-		SRF_RETURN_NEXT(funcctx, PointerGetDatum(funcctx->user_fctx));
-	SRF_RETURN_DONE(funcctx);
+	SPI_finish();
+	return (Datum) 0;
 }

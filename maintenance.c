@@ -247,7 +247,7 @@ idem_reap(PG_FUNCTION_ARGS)
 
 	values[0] = Int32GetDatum(batch_size);
 
-	SPI_connect();
+	idem_spi_connect();
 	ret = SPI_execute_plan(idem_saved_plan(&reap_plan, reap_sql, 1, argtypes, 0),
 						   values, NULL, false, 0);
 	if (ret != SPI_OK_SELECT)
@@ -298,7 +298,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 	}
 	values[1] = seconds_interval(idem_default_lock_timeout);
 
-	SPI_connect();
+	idem_spi_connect();
 	ret = SPI_execute_plan(idem_saved_plan(&sweep_plan, sweep_sql, 2, argtypes, 0),
 						   values, nulls, false, 0);
 	if (ret != SPI_OK_SELECT)
@@ -323,7 +323,7 @@ idem_reclaim_leases(PG_FUNCTION_ARGS)
 	int			ret;
 	int64		total;
 
-	SPI_connect();
+	idem_spi_connect();
 	ret = SPI_execute_plan(idem_saved_plan(&reclaim_plan, reclaim_sql, 0, NULL, 0),
 						   NULL, NULL, false, 0);
 	if (ret != SPI_OK_UPDATE)
@@ -355,7 +355,7 @@ idem_purge_outbox(PG_FUNCTION_ARGS)
 	values[0] = Int32GetDatum(batch_size);
 	values[1] = seconds_interval(idem_outbox_retention);
 
-	SPI_connect();
+	idem_spi_connect();
 	ret = SPI_execute_plan(idem_saved_plan(&purge_plan, purge_sql, 2, argtypes, 0),
 						   values, NULL, false, 0);
 	if (ret != SPI_OK_DELETE)
@@ -376,8 +376,12 @@ cron_job_name(void)
 }
 
 /*
- * "CALL <extension schema>.idem_maintain()", palloc'd.  The calling
- * function lives in the extension's schema, like idem_maintain.
+ * The job's command, palloc'd: CALL <extension schema>.idem_maintain with
+ * every argument given and typed, so that the call resolves to the
+ * extension's procedure whatever the job owner's search_path, and no
+ * same-named routine created in a schema on that path can be picked
+ * instead.  The calling function lives in the extension's schema, like
+ * idem_maintain.
  */
 static char *
 maintain_command(FunctionCallInfo fcinfo)
@@ -385,7 +389,9 @@ maintain_command(FunctionCallInfo fcinfo)
 	Oid			nspid = get_func_namespace(fcinfo->flinfo->fn_oid);
 	char	   *nspname = get_namespace_name(nspid);
 
-	return psprintf("CALL %s.idem_maintain()", quote_identifier(nspname));
+	return psprintf("CALL %s.idem_maintain('50 seconds'::pg_catalog.interval,"
+					" 1000::pg_catalog.int4, '100 milliseconds'::pg_catalog.interval)",
+					quote_identifier(nspname));
 }
 
 /*
@@ -467,7 +473,7 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 	values[2] = CStringGetTextDatum(command);
 	values[3] = CStringGetTextDatum(dbname);
 
-	SPI_connect();
+	idem_spi_connect();
 	ret = SPI_execute_plan(idem_saved_plan(&schedule_plan, schedule_sql,
 										 4, argtypes, 0),
 						   values, NULL, false, 1);
@@ -503,7 +509,7 @@ idem_unschedule_maintenance(PG_FUNCTION_ARGS)
 
 	values[0] = CStringGetTextDatum(jobname);
 
-	SPI_connect();
+	idem_spi_connect();
 	ret = SPI_execute_plan(idem_saved_plan(&unschedule_plan, unschedule_sql,
 										 1, argtypes, 0),
 						   values, NULL, false, 0);

@@ -5,9 +5,10 @@
  *	  in the same transaction as the business rows and delivered at least
  *	  once by workers outside the database.
  *
- * outbox_enqueue inserts a row in the caller's transaction and queues a
- * NOTIFY on channel "idempotency_outbox" (payload: the topic), which the
- * server sends only if that transaction commits.  Workers call
+ * outbox_enqueue inserts a row in the caller's transaction and arranges a
+ * NOTIFY on channel "idempotency_outbox" (payload: the topic), sent only if
+ * that transaction commits, and not at all if it is prepared for two-phase
+ * commit (see "NOTIFY at commit" below).  Workers call
  * outbox_claim, deliver each row carrying its idem_scope/idem_key to the
  * provider as the provider's own idempotency key, and finish each row with
  * outbox_ack or outbox_nack.  outbox_requeue returns a dead letter to the
@@ -43,6 +44,7 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
 #include "common/pg_prng.h"
@@ -51,6 +53,7 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
@@ -371,6 +374,179 @@ outbox_explain_miss(const char *tenant, int64 id, const char *action,
 			 errhint("Abandon this delivery attempt; the current lease holder finishes the row.")));
 }
 
+/* The number of column "name" in "desc"; raises if there is none. */
+static int
+outbox_column(TupleDesc desc, const char *name)
+{
+	int			attno = SPI_fnumber(desc, name);
+
+	if (attno <= 0)
+		elog(ERROR, "outbox lease returned no column \"%s\"", name);
+	return attno;
+}
+
+/*
+ * For each column of the result row type "result", the number of the
+ * column of the same name in "returned" (what RETURNING o.* gave), or 0 for
+ * a dropped column.  The row type keeps the slots of dropped columns, which
+ * o.* leaves out, so positions differ as soon as a column of
+ * idempotency.outbox was ever dropped; names and types do not.
+ */
+static int *
+outbox_map_columns(TupleDesc result, TupleDesc returned)
+{
+	int		   *map = palloc0(sizeof(int) * result->natts);
+	int			a;
+
+	for (a = 0; a < result->natts; a++)
+	{
+		Form_pg_attribute attr = TupleDescAttr(result, a);
+
+		if (attr->attisdropped)
+			continue;
+		map[a] = outbox_column(returned, NameStr(attr->attname));
+		if (TupleDescAttr(returned, map[a] - 1)->atttypid != attr->atttypid)
+			elog(ERROR,
+				 "outbox lease returned column \"%s\" of type %u, expected %u",
+				 NameStr(attr->attname),
+				 TupleDescAttr(returned, map[a] - 1)->atttypid,
+				 attr->atttypid);
+	}
+	return map;
+}
+
+/* ----------------------------------------------------------------
+ * NOTIFY at commit
+ * ----------------------------------------------------------------
+ *
+ * Topics to notify are collected here and handed to Async_Notify only at
+ * pre-commit, not when outbox_enqueue or outbox_requeue runs: PostgreSQL
+ * refuses to PREPARE a transaction that has executed NOTIFY, and a NOTIFY
+ * once queued cannot be withdrawn.  A transaction that is prepared
+ * (two-phase commit) therefore sends no NOTIFY; its rows are found by the
+ * workers' next poll once COMMIT PREPARED makes them visible.  Topics
+ * queued in a subtransaction that rolls back are forgotten, as NOTIFY's
+ * own are.
+ */
+
+typedef struct OutboxPendingNotify
+{
+	char	   *topic;
+	int			nestlevel;		/* subtransaction that queued it */
+} OutboxPendingNotify;
+
+/* In TopTransactionContext; NIL outside a transaction that enqueued. */
+static List *outbox_pending_notifies = NIL;
+static bool outbox_callbacks_registered = false;
+
+static void
+outbox_xact_callback(XactEvent event, void *arg pg_attribute_unused())
+{
+	List	   *pending = outbox_pending_notifies;
+	ListCell   *lc;
+
+	if (pending == NIL)
+		return;
+
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+			/* before PreCommit_Notify, which queues what we add here */
+			outbox_pending_notifies = NIL;
+			foreach(lc, pending)
+				Async_Notify(OUTBOX_CHANNEL,
+							 ((OutboxPendingNotify *) lfirst(lc))->topic);
+			break;
+		case XACT_EVENT_PRE_PREPARE:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PREPARE:
+			/* the list goes with TopTransactionContext */
+			outbox_pending_notifies = NIL;
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+outbox_subxact_callback(SubXactEvent event,
+						SubTransactionId mySubid pg_attribute_unused(),
+						SubTransactionId parentSubid pg_attribute_unused(),
+						void *arg pg_attribute_unused())
+{
+	int			level = GetCurrentTransactionNestLevel();
+	List	   *kept = NIL;
+	ListCell   *lc;
+
+	if (outbox_pending_notifies == NIL)
+		return;
+
+	if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		/* the parent inherits what this subtransaction queued */
+		foreach(lc, outbox_pending_notifies)
+		{
+			OutboxPendingNotify *p = lfirst(lc);
+
+			if (p->nestlevel >= level)
+				p->nestlevel = level - 1;
+		}
+	}
+	else if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
+		MemoryContext oldcontext = MemoryContextSwitchTo(TopTransactionContext);
+
+		foreach(lc, outbox_pending_notifies)
+		{
+			OutboxPendingNotify *p = lfirst(lc);
+
+			if (p->nestlevel < level)
+				kept = lappend(kept, p);
+		}
+		MemoryContextSwitchTo(oldcontext);
+		outbox_pending_notifies = kept;
+	}
+}
+
+/*
+ * Notify idempotency_outbox with "topic" when the current transaction
+ * commits (see above); once per topic per transaction.
+ */
+static void
+outbox_notify_at_commit(const char *topic)
+{
+	MemoryContext oldcontext;
+	OutboxPendingNotify *p;
+	ListCell   *lc;
+
+	/*
+	 * Every topic already pending belongs to this level or an enclosing one:
+	 * it is sent whenever this one would be.
+	 */
+	foreach(lc, outbox_pending_notifies)
+	{
+		if (strcmp(((OutboxPendingNotify *) lfirst(lc))->topic, topic) == 0)
+			return;
+	}
+
+	if (!outbox_callbacks_registered)
+	{
+		RegisterXactCallback(outbox_xact_callback, NULL);
+		RegisterSubXactCallback(outbox_subxact_callback, NULL);
+		outbox_callbacks_registered = true;
+	}
+
+	oldcontext = MemoryContextSwitchTo(TopTransactionContext);
+	p = palloc(sizeof(OutboxPendingNotify));
+	p->topic = pstrdup(topic);
+	p->nestlevel = GetCurrentTransactionNestLevel();
+	outbox_pending_notifies = lappend(outbox_pending_notifies, p);
+	MemoryContextSwitchTo(oldcontext);
+}
+
 /* ----------------------------------------------------------------
  * User-facing functions
  * ----------------------------------------------------------------
@@ -381,10 +557,10 @@ outbox_explain_miss(const char *tenant, int64 id, const char *action,
  *				  scope text, headers jsonb, deliver_after interval,
  *				  max_attempts int) RETURNS bigint
  *
- * Inserts one pending row in the caller's transaction and queues a NOTIFY
- * on idempotency_outbox with the topic as payload; both vanish if the
- * transaction rolls back.  Takes no lock beyond the inserted row.  NULL
- * deliver_after means now; NULL max_attempts means
+ * Inserts one pending row in the caller's transaction and arranges a
+ * NOTIFY on idempotency_outbox with the topic as payload at commit; both
+ * vanish if the transaction rolls back.  Takes no lock beyond the inserted
+ * row.  NULL deliver_after means now; NULL max_attempts means
  * idempotency.outbox_max_attempts.
  */
 Datum
@@ -488,7 +664,8 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	values[6] = Int32GetDatum(max_attempts);
 	values[7] = IntervalPGetDatum(deliver_after ? deliver_after : &zero);
 
-	SPI_connect();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
 	plan = outbox_plan(&enqueue_plan, outbox_enqueue_sql, 8, argtypes);
 	rc = SPI_execute_plan(plan, values, nulls, false, 1);
 	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
@@ -499,7 +676,7 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 
 	/* transactional: delivered to listeners only when the caller commits */
 	if (idem_outbox_notify)
-		Async_Notify(OUTBOX_CHANNEL, topic_str);
+		outbox_notify_at_commit(topic_str);
 
 	PG_RETURN_INT64(id);
 }
@@ -542,6 +719,11 @@ outbox_claim(PG_FUNCTION_ARGS)
 	HeapTuple  *ordered;
 	SPITupleTable *leased;
 	int			lease_token_attno;
+	int			tenant_attno;
+	int			id_attno;
+	int		   *source_attno;
+	Datum	   *srcvalues;
+	bool	   *srcnulls;
 	Datum	   *rowvalues;
 	bool	   *rownulls;
 
@@ -580,8 +762,8 @@ outbox_claim(PG_FUNCTION_ARGS)
 		tenant = text_to_cstring(PG_GETARG_TEXT_PP(4));
 		idem_check_tenant(tenant);
 	}
-	else if (idem_session_tenant != NULL && idem_session_tenant[0] != '\0')
-		tenant = idem_session_tenant;
+	else
+		tenant = (char *) idem_effective_tenant();
 
 	lock_values[0] = Int32GetDatum(batch);
 	lock_values[1] = (Datum) 0;
@@ -608,7 +790,8 @@ outbox_claim(PG_FUNCTION_ARGS)
 	tupstore = tuplestore_begin_heap(true, false, work_mem);
 	MemoryContextSwitchTo(oldcontext);
 
-	SPI_connect();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
 
 	/* 1. lock the candidates */
 	if (lock_plans[filters] == NULL)
@@ -660,12 +843,10 @@ outbox_claim(PG_FUNCTION_ARGS)
 		if (rc != SPI_OK_UPDATE_RETURNING)
 			elog(ERROR, "outbox lease failed: %s", SPI_result_code_string(rc));
 		leased = SPI_tuptable;
-		if (leased->tupdesc->natts != tupdesc->natts)
-			elog(ERROR, "outbox lease returned %d columns, expected %d",
-				 leased->tupdesc->natts, tupdesc->natts);
-		lease_token_attno = SPI_fnumber(leased->tupdesc, "lease_token");
-		if (lease_token_attno <= 0)
-			elog(ERROR, "outbox lease returned no lease_token column");
+		source_attno = outbox_map_columns(tupdesc, leased->tupdesc);
+		lease_token_attno = outbox_column(leased->tupdesc, "lease_token");
+		tenant_attno = outbox_column(leased->tupdesc, "tenant_id");
+		id_attno = outbox_column(leased->tupdesc, "id");
 
 		/*
 		 * The TID scan returns rows in physical order: put them back in lock
@@ -683,9 +864,9 @@ outbox_claim(PG_FUNCTION_ARGS)
 								 &isnull);
 			if (isnull)
 				continue;		/* dead-lettered by this claim */
-			key.id = DatumGetInt64(SPI_getbinval(tuple, leased->tupdesc, 2,
-												 &isnull));
-			key.tenant = SPI_getvalue(tuple, leased->tupdesc, 1);
+			key.id = DatumGetInt64(SPI_getbinval(tuple, leased->tupdesc,
+												 id_attno, &isnull));
+			key.tenant = SPI_getvalue(tuple, leased->tupdesc, tenant_attno);
 			found = bsearch(&key, rows, nlocked, sizeof(ClaimedRow),
 							claimed_row_cmp);
 			if (found == NULL)
@@ -697,13 +878,29 @@ outbox_claim(PG_FUNCTION_ARGS)
 		for (i = 0; i < nlocked; i++)
 			ordered[rows[i].position] = rows[i].leased;
 
+		srcvalues = palloc(sizeof(Datum) * leased->tupdesc->natts);
+		srcnulls = palloc(sizeof(bool) * leased->tupdesc->natts);
 		rowvalues = palloc(sizeof(Datum) * tupdesc->natts);
 		rownulls = palloc(sizeof(bool) * tupdesc->natts);
 		for (i = 0; i < nlocked; i++)
 		{
+			int			a;
+
 			if (ordered[i] == NULL)
 				continue;		/* dead-lettered */
-			heap_deform_tuple(ordered[i], leased->tupdesc, rowvalues, rownulls);
+			heap_deform_tuple(ordered[i], leased->tupdesc, srcvalues, srcnulls);
+			for (a = 0; a < tupdesc->natts; a++)
+			{
+				if (source_attno[a] == 0)
+				{
+					/* a dropped column of the row type */
+					rowvalues[a] = (Datum) 0;
+					rownulls[a] = true;
+					continue;
+				}
+				rowvalues[a] = srcvalues[source_attno[a] - 1];
+				rownulls[a] = srcnulls[source_attno[a] - 1];
+			}
 			/* copies the values into the tuplestore's context */
 			tuplestore_putvalues(tupstore, tupdesc, rowvalues, rownulls);
 		}
@@ -747,7 +944,8 @@ outbox_ack(PG_FUNCTION_ARGS)
 	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
 	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
 
-	SPI_connect();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
 	plan = outbox_plan(&ack_plan, outbox_ack_sql, 4, argtypes);
 	rc = SPI_execute_plan(plan, values, nulls, false, 0);
 	if (rc != SPI_OK_UPDATE)
@@ -806,7 +1004,8 @@ outbox_nack(PG_FUNCTION_ARGS)
 	nulls[4] = PG_ARGISNULL(4) ? 'n' : ' ';
 	values[5] = Float8GetDatum(jitter);
 
-	SPI_connect();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
 	plan = outbox_plan(&nack_plan, outbox_nack_sql, 6, argtypes);
 	rc = SPI_execute_plan(plan, values, nulls, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)
@@ -848,7 +1047,8 @@ outbox_requeue(PG_FUNCTION_ARGS)
 	values[0] = CStringGetTextDatum(tenant);
 	values[1] = Int64GetDatum(id);
 
-	SPI_connect();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
 	plan = outbox_plan(&requeue_plan, outbox_requeue_sql, 2, argtypes);
 	rc = SPI_execute_plan(plan, values, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)
@@ -861,7 +1061,7 @@ outbox_requeue(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	if (idem_outbox_notify)
-		Async_Notify(OUTBOX_CHANNEL, topic);
+		outbox_notify_at_commit(topic);
 
 	PG_RETURN_VOID();
 }

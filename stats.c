@@ -7,11 +7,29 @@
  * The hot path (idem_reserve, idem_complete, the reaper) calls
  * idem_stats_count() on every request, so counting must be cheap and must
  * never raise an error: a lookup under a shared LWLock and an atomic add.
- * Only the first count for a new (tenant, scope) pair takes the lock in
- * exclusive mode, to insert the entry.  The table holds at most
- * idempotency.stats_max_entries pairs; later pairs are counted under the
- * pre-created entry ("(other)", "(other)"), so memory stays bounded however
- * many tenants there are.
+ * Only the first count for a pair that has no entry takes the lock in
+ * exclusive mode, to insert one.
+ *
+ * The table holds at most idempotency.stats_max_entries pairs.  When it is
+ * full, inserting a new pair first evicts the least used entries, as
+ * pg_stat_statements' entry_dealloc does: every entry's usage is its
+ * request counts, decayed by USAGE_DECAY_FACTOR at each eviction, and the
+ * USAGE_DEALLOC_PERCENT least used entries go at once, so the cost of an
+ * eviction (one pass over the table) is shared by that many inserts.  What
+ * an evicted entry counted is added to the overflow row ("(other)",
+ * "(other)"), so totals stay right; busy tenants keep their rows however
+ * many tenants come and go.  The overflow counters live outside the hash
+ * table and are atomics: adding to them needs only the shared lock.
+ *
+ * The reaper and the sweeper count keys that expired or went stale long
+ * after their requests, usually for pairs that were evicted meanwhile.
+ * Those counts never evict: a pair without an entry goes to "(other)" under
+ * the shared lock unless the table has room, so a reap of thousands of
+ * tenants' keys cannot flush the active tenants out of the table.
+ *
+ * Entries of a database are dropped when DROP DATABASE commits (an object
+ * access hook notes the database, a transaction callback acts on commit),
+ * so a dropped database holds no room in the table.
  *
  * Counters are not transactional (a reservation that is rolled back still
  * counted as created), like pg_stat_statements.  They survive a clean
@@ -23,8 +41,9 @@
  * says the cluster was not shut down cleanly.
  *
  * Locking: idem_stats_state->lock (a named LWLock tranche) protects the hash
- * table's structure.  Shared mode suffices to find an entry and add to its
- * counters, which are atomics; exclusive mode inserts or removes entries.
+ * table's structure and each entry's usage.  Shared mode suffices to find
+ * an entry and add to its counters, or to the overflow counters, all of
+ * which are atomics; exclusive mode inserts, evicts or removes entries.
  *
  * Shared memory exists only when the library is in shared_preload_libraries;
  * without it idem_stats_count() does nothing and the view raises an error
@@ -40,8 +59,12 @@
 #include <unistd.h>
 
 #include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/objectaccess.h"
 #include "catalog/pg_control.h"
+#include "catalog/pg_database.h"
 #include "common/controldata_utils.h"
+#include "common/hashfn.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -53,6 +76,7 @@
 #include "storage/shmem.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
@@ -64,17 +88,31 @@
  */
 #define IDEM_STATS_NAME_LEN 128
 
-/* Name of the overflow entry, for both tenant and scope. */
+/* Name of the overflow row, for both tenant and scope. */
 #define IDEM_STATS_OTHER "(other)"
 
-/* Where the counters are kept across a clean restart. */
+/*
+ * Where the counters are kept across a clean restart.  Version 2 added each
+ * entry's usage; a version 1 file (no usage) is still read.
+ */
 #define IDEM_STATS_FILE PGSTAT_STAT_PERMANENT_DIRECTORY "/idempotency.stat"
 #define IDEM_STATS_FILE_MAGIC 0x1de57a75
-#define IDEM_STATS_FILE_VERSION 1
+#define IDEM_STATS_FILE_VERSION 2
+
+/*
+ * Eviction, as in pg_stat_statements: a new entry starts at USAGE_INIT,
+ * each request count adds 1, every eviction multiplies all usages by
+ * USAGE_DECAY_FACTOR and removes the USAGE_DEALLOC_PERCENT least used
+ * entries (at least USAGE_DEALLOC_MIN).
+ */
+#define USAGE_INIT				(1.0)
+#define USAGE_DECAY_FACTOR		(0.99)
+#define USAGE_DEALLOC_PERCENT	5
+#define USAGE_DEALLOC_MIN		10
 
 typedef struct IdemStatsKey
 {
-	Oid			dbid;			/* InvalidOid for the overflow entry */
+	Oid			dbid;
 	char		tenant[IDEM_STATS_NAME_LEN];
 	char		scope[IDEM_STATS_NAME_LEN];
 } IdemStatsKey;
@@ -82,27 +120,51 @@ typedef struct IdemStatsKey
 typedef struct IdemStatsEntry
 {
 	IdemStatsKey key;			/* hash key: must be first */
+	/* usage: an eviction reads these two, next to each other */
+	pg_atomic_uint64 calls;		/* requests counted since the last eviction */
+	double		usage;			/* under the lock in exclusive mode only */
 	pg_atomic_uint64 counters[IDEM_STAT_NCOUNTERS];
 } IdemStatsEntry;
 
 typedef struct IdemStatsShared
 {
-	LWLock	   *lock;			/* protects the hash table's structure */
+	LWLock	   *lock;			/* protects the hash table and usages */
+	/* the overflow row: evicted entries, and counts that found no room */
+	pg_atomic_uint64 other[IDEM_STAT_NCOUNTERS];
 } IdemStatsShared;
 
-/* On-disk form of one entry. */
+/* On-disk form of one entry; dbid InvalidOid is the overflow row. */
 typedef struct IdemStatsFileEntry
 {
 	IdemStatsKey key;
+	double		usage;
 	uint64		counters[IDEM_STAT_NCOUNTERS];
 } IdemStatsFileEntry;
+
+/* The same in a version 1 file. */
+typedef struct IdemStatsFileEntryV1
+{
+	IdemStatsKey key;
+	uint64		counters[IDEM_STAT_NCOUNTERS];
+} IdemStatsFileEntryV1;
 
 /* Both NULL unless the library was preloaded. */
 static IdemStatsShared *idem_stats_state = NULL;
 static HTAB *idem_stats_hash = NULL;
 
+/*
+ * Room for the victims of one eviction, allocated once per process on
+ * first need (never while it could raise: see idem_stats_evict).
+ */
+static IdemStatsEntry **idem_stats_victims = NULL;
+
+/* A database this backend's transaction is dropping; acted on at commit. */
+static Oid	idem_stats_dropped_db = InvalidOid;
+static bool idem_stats_xact_callback_registered = false;
+
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+static object_access_hook_type prev_object_access_hook = NULL;
 
 static void idem_stats_shmem_request(void);
 static void idem_stats_shmem_startup(void);
@@ -110,7 +172,16 @@ static void idem_stats_shmem_shutdown(int code, Datum arg);
 static Size idem_stats_memsize(void);
 static void idem_stats_make_key(IdemStatsKey *key, Oid dbid,
 								const char *tenant, const char *scope);
-static IdemStatsEntry *idem_stats_enter(const IdemStatsKey *key);
+static uint32 idem_stats_key_hash(const void *key, Size keysize);
+static int	idem_stats_victim_count(long nentries);
+static bool idem_stats_evict(void);
+static IdemStatsEntry *idem_stats_enter(const IdemStatsKey *key,
+										uint32 hashcode, bool may_evict);
+static void idem_stats_object_access(ObjectAccessType access, Oid classId,
+									 Oid objectId, int subId, void *arg);
+static void idem_stats_xact_callback(XactEvent event, void *arg);
+static void idem_stats_remove_database(Oid dbid);
+static void idem_stats_forget_database(Oid dbid);
 static bool idem_stats_clean_shutdown(void);
 static void idem_stats_load(void);
 
@@ -133,13 +204,15 @@ idem_stats_init(void)
 	shmem_request_hook = idem_stats_shmem_request;
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = idem_stats_shmem_startup;
+	prev_object_access_hook = object_access_hook;
+	object_access_hook = idem_stats_object_access;
 }
 
 static Size
 idem_stats_memsize(void)
 {
 	return add_size(MAXALIGN(sizeof(IdemStatsShared)),
-					hash_estimate_size(idem_stats_max_entries + 1,
+					hash_estimate_size(idem_stats_max_entries,
 									   sizeof(IdemStatsEntry)));
 }
 
@@ -161,8 +234,8 @@ idem_stats_shmem_request(void)
 /*
  * idem_stats_shmem_startup
  *		Attach to (or create) the shared state.  The process that creates it
- *		(the postmaster) also creates the overflow entry, loads the counters
- *		saved at the last clean shutdown, and arranges to save them at exit.
+ *		(the postmaster) also loads the counters saved at the last clean
+ *		shutdown, and arranges to save them at exit.
  */
 static void
 idem_stats_shmem_startup(void)
@@ -179,41 +252,39 @@ idem_stats_shmem_startup(void)
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 
 	idem_stats_state = ShmemInitStruct("idempotency stats",
-								 sizeof(IdemStatsShared), &found);
+									   sizeof(IdemStatsShared), &found);
 	if (!found)
+	{
+		int			c;
+
 		idem_stats_state->lock = &(GetNamedLWLockTranche("idempotency"))->lock;
+		for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+			pg_atomic_init_u64(&idem_stats_state->other[c], 0);
+	}
 
 	memset(&info, 0, sizeof(info));
 	info.keysize = sizeof(IdemStatsKey);
 	info.entrysize = sizeof(IdemStatsEntry);
+	info.hash = idem_stats_key_hash;
 	idem_stats_hash = ShmemInitHash("idempotency stats hash",
-									idem_stats_max_entries + 1,
-									idem_stats_max_entries + 1,
+									idem_stats_max_entries,
+									idem_stats_max_entries,
 									&info,
-									HASH_ELEM | HASH_BLOBS);
+									HASH_ELEM | HASH_FUNCTION);
 
 	LWLockRelease(AddinShmemInitLock);
 
 	if (!IsUnderPostmaster)
 		on_shmem_exit(idem_stats_shmem_shutdown, (Datum) 0);
 
-	if (found)
-		return;
-
-	/* only the postmaster gets here, before any backend exists */
-	{
-		IdemStatsKey other;
-
-		idem_stats_make_key(&other, InvalidOid,
-							IDEM_STATS_OTHER, IDEM_STATS_OTHER);
-		(void) idem_stats_enter(&other);
-	}
-	idem_stats_load();
+	/* only the postmaster loads, before any backend exists */
+	if (!found)
+		idem_stats_load();
 }
 
 /*
  * idem_stats_make_key
- *		Build a zero-padded hash key (HASH_BLOBS hashes all of it), cutting
+ *		Build a zero-padded hash key (keys are compared with memcmp), cutting
  *		long names on a character boundary.
  */
 static void
@@ -237,38 +308,200 @@ idem_stats_make_key(IdemStatsKey *key, Oid dbid, const char *tenant,
 }
 
 /*
+ * idem_stats_key_hash
+ *		Hash of the names and the database, not of the zero padding: for
+ *		short names that is a tenth of the bytes HASH_BLOBS would hash, and
+ *		a new pair's count hashes its key once per eviction candidate too.
+ */
+static uint32
+idem_stats_key_hash(const void *key, Size keysize pg_attribute_unused())
+{
+	const IdemStatsKey *k = (const IdemStatsKey *) key;
+	uint32		h;
+
+	h = hash_bytes((const unsigned char *) k->tenant,
+				   strnlen(k->tenant, IDEM_STATS_NAME_LEN));
+	h = hash_combine(h, hash_bytes((const unsigned char *) k->scope,
+								   strnlen(k->scope, IDEM_STATS_NAME_LEN)));
+	return hash_combine(h, hash_bytes_uint32(k->dbid));
+}
+
+/*
+ * Does this counter count a request?  Only those make an entry "used", and
+ * only those may evict another entry to make room for a new pair.
+ */
+static inline bool
+idem_stats_is_request(IdemCounter counter)
+{
+	return counter != IDEM_STAT_REAPED && counter != IDEM_STAT_SWEPT;
+}
+
+/* How many entries one eviction removes from a table of "nentries". */
+static int
+idem_stats_victim_count(long nentries)
+{
+	long		n = Max(USAGE_DEALLOC_MIN,
+						nentries * USAGE_DEALLOC_PERCENT / 100);
+
+	return (int) Min(n, nentries);
+}
+
+/*
+ * The victims of an eviction are kept in a max-heap on usage: its root is
+ * the most used of the least used entries seen so far, the one to replace
+ * when a less used entry turns up.
+ */
+static void
+idem_stats_victim_sift_down(IdemStatsEntry **heap, int n, int i)
+{
+	for (;;)
+	{
+		int			largest = i;
+		int			left = 2 * i + 1;
+		int			right = left + 1;
+		IdemStatsEntry *tmp;
+
+		if (left < n && heap[left]->usage > heap[largest]->usage)
+			largest = left;
+		if (right < n && heap[right]->usage > heap[largest]->usage)
+			largest = right;
+		if (largest == i)
+			return;
+		tmp = heap[i];
+		heap[i] = heap[largest];
+		heap[largest] = tmp;
+		i = largest;
+	}
+}
+
+static void
+idem_stats_victim_sift_up(IdemStatsEntry **heap, int i)
+{
+	while (i > 0)
+	{
+		int			parent = (i - 1) / 2;
+		IdemStatsEntry *tmp;
+
+		if (heap[parent]->usage >= heap[i]->usage)
+			return;
+		tmp = heap[i];
+		heap[i] = heap[parent];
+		heap[parent] = tmp;
+		i = parent;
+	}
+}
+
+/*
+ * idem_stats_evict
+ *		Make room in a full table, like pg_stat_statements' entry_dealloc:
+ *		bring every entry's usage up to date (plus the requests it counted
+ *		since the last eviction, then decayed), and remove the least used
+ *		USAGE_DEALLOC_PERCENT of the entries, adding their counters to the
+ *		overflow row so that no count is lost.  One pass over the table
+ *		with a heap of the victims: O(n log k), paid once per k inserts.
+ *		Caller holds the lock exclusively.  Returns false only when the
+ *		victims' array cannot be allocated (nothing is evicted then); never
+ *		raises.
+ */
+static bool
+idem_stats_evict(void)
+{
+	HASH_SEQ_STATUS hash_seq;
+	IdemStatsEntry *entry;
+	long		nentries;
+	int			nvictims;
+	int			nheap = 0;
+	int			i;
+	int			c;
+	uint64		folded[IDEM_STAT_NCOUNTERS];
+
+	if (idem_stats_victims == NULL)
+	{
+		Size		size = sizeof(IdemStatsEntry *) *
+			idem_stats_victim_count(idem_stats_max_entries);
+
+		idem_stats_victims = (IdemStatsEntry **)
+			MemoryContextAllocExtended(TopMemoryContext, size,
+									   MCXT_ALLOC_NO_OOM);
+		if (idem_stats_victims == NULL)
+			return false;
+	}
+
+	nentries = Min(hash_get_num_entries(idem_stats_hash),
+				   idem_stats_max_entries);
+	nvictims = idem_stats_victim_count(nentries);
+
+	hash_seq_init(&hash_seq, idem_stats_hash);
+	while ((entry = hash_seq_search(&hash_seq)) != NULL)
+	{
+		uint64		calls = pg_atomic_read_u64(&entry->calls);
+
+		/* no one else holds the lock: plain reads and writes suffice */
+		if (calls > 0)
+		{
+			entry->usage += (double) calls;
+			pg_atomic_write_u64(&entry->calls, 0);
+		}
+		entry->usage *= USAGE_DECAY_FACTOR;
+
+		if (nheap < nvictims)
+		{
+			idem_stats_victims[nheap] = entry;
+			idem_stats_victim_sift_up(idem_stats_victims, nheap);
+			nheap++;
+		}
+		else if (nvictims > 0 && entry->usage < idem_stats_victims[0]->usage)
+		{
+			idem_stats_victims[0] = entry;
+			idem_stats_victim_sift_down(idem_stats_victims, nheap, 0);
+		}
+	}
+
+	memset(folded, 0, sizeof(folded));
+	for (i = 0; i < nheap; i++)
+	{
+		entry = idem_stats_victims[i];
+		for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+			folded[c] += pg_atomic_read_u64(&entry->counters[c]);
+		hash_search(idem_stats_hash, &entry->key, HASH_REMOVE, NULL);
+	}
+	for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+		pg_atomic_fetch_add_u64(&idem_stats_state->other[c], folded[c]);
+	return true;
+}
+
+/*
  * idem_stats_enter
  *		Find or insert the entry for "key".  Caller holds the lock
- *		exclusively.  When the table is full the overflow entry is returned;
- *		NULL only if even that is missing (it never is once started).
+ *		exclusively.  A full table makes room by evicting when "may_evict";
+ *		NULL when there is no room (the caller counts under "(other)").
  */
 static IdemStatsEntry *
-idem_stats_enter(const IdemStatsKey *key)
+idem_stats_enter(const IdemStatsKey *key, uint32 hashcode, bool may_evict)
 {
 	IdemStatsEntry *entry;
 	bool		found;
 
-	entry = hash_search(idem_stats_hash, key, HASH_FIND, NULL);
+	entry = hash_search_with_hash_value(idem_stats_hash, key, hashcode,
+										HASH_FIND, NULL);
 	if (entry != NULL)
 		return entry;
 
-	if (hash_get_num_entries(idem_stats_hash) >= idem_stats_max_entries + 1)
-	{
-		IdemStatsKey other;
-
-		idem_stats_make_key(&other, InvalidOid,
-							IDEM_STATS_OTHER, IDEM_STATS_OTHER);
-		return hash_search(idem_stats_hash, &other, HASH_FIND, NULL);
-	}
+	if (hash_get_num_entries(idem_stats_hash) >= idem_stats_max_entries &&
+		(!may_evict || !idem_stats_evict()))
+		return NULL;
 
 	/* HASH_ENTER_NULL: running out of shared memory must not raise */
-	entry = hash_search(idem_stats_hash, key, HASH_ENTER_NULL, &found);
+	entry = hash_search_with_hash_value(idem_stats_hash, key, hashcode,
+										HASH_ENTER_NULL, &found);
 	if (entry != NULL && !found)
 	{
-		int			i;
+		int			c;
 
-		for (i = 0; i < IDEM_STAT_NCOUNTERS; i++)
-			pg_atomic_init_u64(&entry->counters[i], 0);
+		entry->usage = USAGE_INIT;
+		pg_atomic_init_u64(&entry->calls, 0);
+		for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+			pg_atomic_init_u64(&entry->counters[c], 0);
 	}
 	return entry;
 }
@@ -276,37 +509,145 @@ idem_stats_enter(const IdemStatsKey *key)
 /*
  * idem_stats_count
  *		Add "n" to one counter of (tenant, scope).  Takes the stats lock in
- *		shared mode (exclusive only the first time a pair is seen).  Never
- *		raises: a no-op without shared memory or with NULL names.
+ *		shared mode; in exclusive mode only to insert an entry for a request
+ *		count of a new pair (evicting, amortised, when the table is full).
+ *		Counts that get no entry go to "(other)" under the shared lock.
+ *		Never raises: a no-op without shared memory or with NULL names.
  */
 void
 idem_stats_count(const char *tenant, const char *scope,
 				 IdemCounter counter, int64 n)
 {
 	IdemStatsKey key;
+	uint32		hashcode;
 	IdemStatsEntry *entry;
+	bool		request;
 
 	if (idem_stats_state == NULL || idem_stats_hash == NULL ||
 		tenant == NULL || scope == NULL ||
 		counter < 0 || counter >= IDEM_STAT_NCOUNTERS || n == 0)
 		return;
 
+	request = idem_stats_is_request(counter);
 	idem_stats_make_key(&key, MyDatabaseId, tenant, scope);
+	hashcode = get_hash_value(idem_stats_hash, &key);
 
 	LWLockAcquire(idem_stats_state->lock, LW_SHARED);
-	entry = hash_search(idem_stats_hash, &key, HASH_FIND, NULL);
+	entry = hash_search_with_hash_value(idem_stats_hash, &key, hashcode,
+										HASH_FIND, NULL);
 	if (entry != NULL)
 	{
 		pg_atomic_fetch_add_u64(&entry->counters[counter], (uint64) n);
+		if (request)
+			pg_atomic_fetch_add_u64(&entry->calls, 1);
+		LWLockRelease(idem_stats_state->lock);
+		return;
+	}
+	if (!request &&
+		hash_get_num_entries(idem_stats_hash) >= idem_stats_max_entries)
+	{
+		/* the reaper's and sweeper's counts never evict */
+		pg_atomic_fetch_add_u64(&idem_stats_state->other[counter], (uint64) n);
 		LWLockRelease(idem_stats_state->lock);
 		return;
 	}
 	LWLockRelease(idem_stats_state->lock);
 
 	LWLockAcquire(idem_stats_state->lock, LW_EXCLUSIVE);
-	entry = idem_stats_enter(&key);
+	entry = idem_stats_enter(&key, hashcode, request);
 	if (entry != NULL)
+	{
 		pg_atomic_fetch_add_u64(&entry->counters[counter], (uint64) n);
+		if (request)
+			pg_atomic_fetch_add_u64(&entry->calls, 1);
+	}
+	else
+		pg_atomic_fetch_add_u64(&idem_stats_state->other[counter], (uint64) n);
+	LWLockRelease(idem_stats_state->lock);
+}
+
+/*
+ * idem_stats_object_access
+ *		object_access_hook: note a DROP DATABASE.  The hook runs before
+ *		dropdb's last checks (connected users, template), which may still
+ *		fail, so the entries are only removed once the drop commits.
+ */
+static void
+idem_stats_object_access(ObjectAccessType access, Oid classId, Oid objectId,
+						 int subId, void *arg)
+{
+	if (prev_object_access_hook)
+		prev_object_access_hook(access, classId, objectId, subId, arg);
+
+	if (access != OAT_DROP || classId != DatabaseRelationId ||
+		idem_stats_hash == NULL)
+		return;
+
+	if (!idem_stats_xact_callback_registered)
+	{
+		RegisterXactCallback(idem_stats_xact_callback, NULL);
+		idem_stats_xact_callback_registered = true;
+	}
+	idem_stats_dropped_db = objectId;
+}
+
+/*
+ * idem_stats_xact_callback
+ *		Remove the entries of a database whose DROP DATABASE just committed;
+ *		forget it if the drop failed.
+ */
+static void
+idem_stats_xact_callback(XactEvent event, void *arg pg_attribute_unused())
+{
+	Oid			dbid = idem_stats_dropped_db;
+
+	if (!OidIsValid(dbid))
+		return;
+
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+			idem_stats_dropped_db = InvalidOid;
+			idem_stats_forget_database(dbid);
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			idem_stats_dropped_db = InvalidOid;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * idem_stats_remove_database
+ *		Remove every entry of "dbid".  Caller holds the lock exclusively.
+ */
+static void
+idem_stats_remove_database(Oid dbid)
+{
+	HASH_SEQ_STATUS hash_seq;
+	IdemStatsEntry *entry;
+
+	hash_seq_init(&hash_seq, idem_stats_hash);
+	while ((entry = hash_seq_search(&hash_seq)) != NULL)
+	{
+		if (entry->key.dbid == dbid)
+			hash_search(idem_stats_hash, &entry->key, HASH_REMOVE, NULL);
+	}
+}
+
+/*
+ * idem_stats_forget_database
+ *		Remove every entry of a dropped database, under the lock in
+ *		exclusive mode.  Never raises (it runs after commit).
+ */
+static void
+idem_stats_forget_database(Oid dbid)
+{
+	LWLockAcquire(idem_stats_state->lock, LW_EXCLUSIVE);
+	idem_stats_remove_database(dbid);
 	LWLockRelease(idem_stats_state->lock);
 }
 
@@ -333,9 +674,11 @@ idem_stats_clean_shutdown(void)
  * idem_stats_load
  *		Read the counters saved at the last clean shutdown, then remove the
  *		file so that a crash later cannot bring back old values.  A file
- *		left by an unclean stop is removed unread.  Runs in the
- *		postmaster at start-up; a missing file is normal, a damaged one is
- *		logged and ignored.
+ *		left by an unclean stop is removed unread.  Runs in the postmaster
+ *		at start-up; a missing file is normal, a damaged one is logged and
+ *		ignored.  Reads version 1 files (without usage) too.  A file with
+ *		more pairs than now fit (stats_max_entries was lowered) evicts the
+ *		least used of them into "(other)".
  */
 static void
 idem_stats_load(void)
@@ -363,7 +706,7 @@ idem_stats_load(void)
 
 	if (fread(header, sizeof(header), 1, file) != 1 ||
 		header[0] != IDEM_STATS_FILE_MAGIC ||
-		header[1] != IDEM_STATS_FILE_VERSION ||
+		(header[1] != 1 && header[1] != IDEM_STATS_FILE_VERSION) ||
 		header[2] != IDEM_STAT_NCOUNTERS ||
 		fread(&nentries, sizeof(nentries), 1, file) != 1)
 		goto bad_file;
@@ -371,20 +714,49 @@ idem_stats_load(void)
 	for (i = 0; i < nentries; i++)
 	{
 		IdemStatsFileEntry saved;
+		IdemStatsKey key;
 		IdemStatsEntry *entry;
 		int			c;
 
-		if (fread(&saved, sizeof(saved), 1, file) != 1)
+		if (header[1] == 1)
+		{
+			IdemStatsFileEntryV1 v1;
+
+			if (fread(&v1, sizeof(v1), 1, file) != 1)
+				goto bad_file;
+			saved.key = v1.key;
+			saved.usage = USAGE_INIT;
+			memcpy(saved.counters, v1.counters, sizeof(saved.counters));
+		}
+		else if (fread(&saved, sizeof(saved), 1, file) != 1)
 			goto bad_file;
-		/* never trust the file's strings to be terminated */
+		/* never trust the file's strings to be terminated, nor padded */
 		saved.key.tenant[IDEM_STATS_NAME_LEN - 1] = '\0';
 		saved.key.scope[IDEM_STATS_NAME_LEN - 1] = '\0';
+		key = saved.key;
+		idem_stats_make_key(&saved.key, key.dbid, key.tenant, key.scope);
 
-		entry = idem_stats_enter(&saved.key);
+		if (!OidIsValid(saved.key.dbid))
+		{
+			for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+				pg_atomic_fetch_add_u64(&idem_stats_state->other[c],
+										saved.counters[c]);
+			continue;
+		}
+
+		entry = idem_stats_enter(&saved.key,
+								 get_hash_value(idem_stats_hash, &saved.key),
+								 true);
 		if (entry == NULL)
-			break;
+		{
+			for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+				pg_atomic_fetch_add_u64(&idem_stats_state->other[c],
+										saved.counters[c]);
+			continue;
+		}
 		for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
 			pg_atomic_fetch_add_u64(&entry->counters[c], saved.counters[c]);
+		entry->usage = saved.usage;
 	}
 
 	FreeFile(file);
@@ -405,7 +777,8 @@ bad_file:
  *		on_shmem_exit callback of the postmaster: save the counters, unless
  *		the server is going down abnormally (code != 0), in which case they
  *		are deliberately lost.  Writes a temporary file and renames it, so a
- *		crash half-way never leaves a torn file behind.
+ *		crash half-way never leaves a torn file behind.  The overflow row
+ *		goes first, as an entry of database InvalidOid.
  */
 static void
 idem_stats_shmem_shutdown(int code, Datum arg pg_attribute_unused())
@@ -415,6 +788,8 @@ idem_stats_shmem_shutdown(int code, Datum arg pg_attribute_unused())
 	int64		nentries;
 	HASH_SEQ_STATUS hash_seq;
 	IdemStatsEntry *entry;
+	IdemStatsFileEntry saved;
+	int			c;
 	const char *tmpfile = IDEM_STATS_FILE ".tmp";
 
 	if (code != 0 || idem_stats_state == NULL || idem_stats_hash == NULL)
@@ -427,20 +802,28 @@ idem_stats_shmem_shutdown(int code, Datum arg pg_attribute_unused())
 	header[0] = IDEM_STATS_FILE_MAGIC;
 	header[1] = IDEM_STATS_FILE_VERSION;
 	header[2] = IDEM_STAT_NCOUNTERS;
-	nentries = hash_get_num_entries(idem_stats_hash);
+	nentries = hash_get_num_entries(idem_stats_hash) + 1;
 	if (fwrite(header, sizeof(header), 1, file) != 1 ||
 		fwrite(&nentries, sizeof(nentries), 1, file) != 1)
+		goto error;
+
+	/* no uninitialised padding in the file */
+	memset(&saved, 0, sizeof(saved));
+	idem_stats_make_key(&saved.key, InvalidOid,
+						IDEM_STATS_OTHER, IDEM_STATS_OTHER);
+	for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+		saved.counters[c] = pg_atomic_read_u64(&idem_stats_state->other[c]);
+	if (fwrite(&saved, sizeof(saved), 1, file) != 1)
 		goto error;
 
 	hash_seq_init(&hash_seq, idem_stats_hash);
 	while ((entry = hash_seq_search(&hash_seq)) != NULL)
 	{
-		IdemStatsFileEntry saved;
-		int			c;
-
-		/* no uninitialised padding in the file */
 		memset(&saved, 0, sizeof(saved));
 		memcpy(&saved.key, &entry->key, sizeof(IdemStatsKey));
+		/* requests not yet folded into usage count as they would have */
+		saved.usage = entry->usage +
+			(double) pg_atomic_read_u64(&entry->calls);
 		for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
 			saved.counters[c] = pg_atomic_read_u64(&entry->counters[c]);
 		if (fwrite(&saved, sizeof(saved), 1, file) != 1)
@@ -480,6 +863,37 @@ idem_stats_require_shmem(void)
 				 errmsg("idempotency statistics are not available"),
 				 errdetail("The counters live in shared memory, which exists only when the library is loaded at server start."),
 				 errhint("Add idempotency to shared_preload_libraries in postgresql.conf and restart the server.")));
+}
+
+/*
+ * Append one row of the stats view: the names, then the counters.  Returns
+ * the sum of the counters.
+ */
+static uint64
+idem_stats_put_row(Tuplestorestate *tupstore, TupleDesc tupdesc,
+				   const char *tenant, const char *scope,
+				   pg_atomic_uint64 *counters, bool skip_if_zero)
+{
+	Datum		values[2 + IDEM_STAT_NCOUNTERS];
+	bool		nulls[2 + IDEM_STAT_NCOUNTERS];
+	uint64		total = 0;
+	int			c;
+
+	memset(nulls, 0, sizeof(nulls));
+	for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+	{
+		uint64		v = pg_atomic_read_u64(&counters[c]);
+
+		total += v;
+		values[2 + c] = Int64GetDatum((int64) v);
+	}
+	if (total == 0 && skip_if_zero)
+		return 0;
+
+	values[0] = CStringGetTextDatum(tenant);
+	values[1] = CStringGetTextDatum(scope);
+	tuplestore_putvalues(tupstore, tupdesc, values, nulls);
+	return total;
 }
 
 /*
@@ -525,30 +939,14 @@ idem_stats(PG_FUNCTION_ARGS)
 	hash_seq_init(&hash_seq, idem_stats_hash);
 	while ((entry = hash_seq_search(&hash_seq)) != NULL)
 	{
-		Datum		values[2 + IDEM_STAT_NCOUNTERS];
-		bool		nulls[2 + IDEM_STAT_NCOUNTERS];
-		uint64		total = 0;
-		int			c;
-
 		/* other databases' tenants are none of this database's business */
-		if (entry->key.dbid != MyDatabaseId && OidIsValid(entry->key.dbid))
+		if (entry->key.dbid != MyDatabaseId)
 			continue;
-
-		memset(nulls, 0, sizeof(nulls));
-		for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
-		{
-			uint64		v = pg_atomic_read_u64(&entry->counters[c]);
-
-			total += v;
-			values[2 + c] = Int64GetDatum((int64) v);
-		}
-		if (total == 0 && !OidIsValid(entry->key.dbid))
-			continue;
-
-		values[0] = CStringGetTextDatum(entry->key.tenant);
-		values[1] = CStringGetTextDatum(entry->key.scope);
-		tuplestore_putvalues(tupstore, tupdesc, values, nulls);
+		(void) idem_stats_put_row(tupstore, tupdesc, entry->key.tenant,
+								  entry->key.scope, entry->counters, false);
 	}
+	(void) idem_stats_put_row(tupstore, tupdesc, IDEM_STATS_OTHER,
+							  IDEM_STATS_OTHER, idem_stats_state->other, true);
 	LWLockRelease(idem_stats_state->lock);
 
 	return (Datum) 0;
@@ -557,32 +955,21 @@ idem_stats(PG_FUNCTION_ARGS)
 /*
  * idem_stats_reset
  *		SQL: idem_stats_reset() RETURNS void.  Drops every (tenant, scope)
- *		entry of this database and zeroes the overflow entry (which all
+ *		entry of this database and zeroes the overflow row (which all
  *		databases share), under the stats lock in exclusive mode.  Admin
  *		only (EXECUTE revoked from PUBLIC).
  */
 Datum
 idem_stats_reset(PG_FUNCTION_ARGS)
 {
-	HASH_SEQ_STATUS hash_seq;
-	IdemStatsEntry *entry;
+	int			c;
 
 	idem_stats_require_shmem();
 
 	LWLockAcquire(idem_stats_state->lock, LW_EXCLUSIVE);
-	hash_seq_init(&hash_seq, idem_stats_hash);
-	while ((entry = hash_seq_search(&hash_seq)) != NULL)
-	{
-		if (!OidIsValid(entry->key.dbid))
-		{
-			int			c;
-
-			for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
-				pg_atomic_write_u64(&entry->counters[c], 0);
-		}
-		else if (entry->key.dbid == MyDatabaseId)
-			hash_search(idem_stats_hash, &entry->key, HASH_REMOVE, NULL);
-	}
+	idem_stats_remove_database(MyDatabaseId);
+	for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+		pg_atomic_write_u64(&idem_stats_state->other[c], 0);
 	LWLockRelease(idem_stats_state->lock);
 
 	PG_RETURN_VOID();

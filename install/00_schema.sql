@@ -11,7 +11,33 @@
  */
 CREATE SCHEMA idempotency;
 REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
-GRANT USAGE ON SCHEMA idempotency TO PUBLIC;
+
+/*
+ * Three roles carry the privileges, so that "GRANT idempotency_app TO
+ * my_app" is the whole set-up of an application role.  Roles belong to the
+ * cluster, not to a database: another database that installed the
+ * extension may have created them already.  NOLOGIN: they are granted to
+ * the roles that log in.
+ */
+DO $roles$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
+                    WHERE rolname OPERATOR(pg_catalog.=) 'idempotency_app') THEN
+        CREATE ROLE idempotency_app NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
+                    WHERE rolname OPERATOR(pg_catalog.=) 'idempotency_worker') THEN
+        CREATE ROLE idempotency_worker NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
+                    WHERE rolname OPERATOR(pg_catalog.=) 'idempotency_admin') THEN
+        CREATE ROLE idempotency_admin NOLOGIN;
+    END IF;
+END
+$roles$;
+
+GRANT USAGE ON SCHEMA idempotency
+    TO idempotency_app, idempotency_worker, idempotency_admin, pg_monitor;
 
 CREATE TYPE idempotency.status AS ENUM ('processing', 'succeeded', 'failed');
 
@@ -118,4 +144,48 @@ CREATE TABLE idempotency.outbox (
         autovacuum_vacuum_scale_factor = 0.02,
         autovacuum_analyze_scale_factor = 0.05);
 
+/*
+ * Roles bound to one tenant (idem_bind_tenant): whatever such a role SETs
+ * or names, every function refuses to act for another tenant.
+ */
+CREATE TABLE idempotency.tenant_bindings (
+    role   regrole PRIMARY KEY,
+    tenant text NOT NULL
+);
+
 REVOKE ALL ON ALL TABLES IN SCHEMA idempotency FROM PUBLIC;
+GRANT SELECT ON idempotency.keys, idempotency.scopes, idempotency.outbox,
+    idempotency.tenant_bindings TO idempotency_admin;
+
+/*
+ * Scope policies, live keys and tenant bindings are data a dump must keep:
+ * a restored database that forgot its keys would run retries again, and
+ * one that forgot fingerprint_ignore would refuse honest retries.
+ */
+SELECT pg_catalog.pg_extension_config_dump('idempotency.keys', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.scopes', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.tenant_bindings', '');
+
+/* Tenant binding (admin). */
+CREATE FUNCTION idem_bind_tenant(role regrole, tenant text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_bind_tenant'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION idem_bind_tenant(regrole, text) IS
+'bind a role to one tenant: it can no longer act for any other';
+
+CREATE FUNCTION idem_unbind_tenant(role regrole)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_unbind_tenant'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION idem_unbind_tenant(regrole) IS
+'remove the tenant binding of a role';
+
+REVOKE ALL ON FUNCTION idem_bind_tenant(regrole, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_unbind_tenant(regrole) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_bind_tenant(regrole, text) TO idempotency_admin;
+GRANT EXECUTE ON FUNCTION idem_unbind_tenant(regrole) TO idempotency_admin;

@@ -58,13 +58,18 @@ COMMENT ON FUNCTION idem_release(text, text, text, uuid) IS
 'give a reservation up without storing a response: a retry runs afresh';
 
 CREATE FUNCTION idem_lookup(tenant text, scope text, key text)
-RETURNS SETOF idempotency.keys
+RETURNS TABLE (tenant_id text, scope text, idem_key text, fingerprint bytea,
+               status idempotency.status, locked_at timestamptz,
+               recovery_point text, response_code int, response_body jsonb,
+               response_headers jsonb, needs_reconciliation bool,
+               created_at timestamptz, completed_at timestamptz,
+               expires_at timestamptz)
 AS 'MODULE_PATHNAME', 'idem_lookup'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION idem_lookup(text, text, text) IS
-'the row of an idempotency key, without side effects';
+'the row of an idempotency key, without side effects and without its lock_token';
 
 /* Admin: an operator's verdict on a reservation flagged for reconciliation. */
 CREATE FUNCTION idem_resolve(tenant text, scope text, key text,
@@ -216,6 +221,19 @@ AS 'MODULE_PATHNAME', 'idem_scopes_changed'
 LANGUAGE C;
 
 REVOKE EXECUTE ON FUNCTION idempotency.scopes_changed() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval, bytea),
+    idem_complete(text, text, text, int, jsonb, jsonb, uuid),
+    idem_checkpoint(text, text, text, text, uuid),
+    idem_release(text, text, text, uuid),
+    idem_lookup(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval, bytea),
+    idem_complete(text, text, text, int, jsonb, jsonb, uuid),
+    idem_checkpoint(text, text, text, text, uuid),
+    idem_release(text, text, text, uuid),
+    idem_lookup(text, text, text) TO idempotency_app;
+GRANT EXECUTE ON FUNCTION idem_resolve(text, text, text, int, jsonb),
+    idem_configure_scope(text, jsonb) TO idempotency_admin;
 
 CREATE TRIGGER scopes_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.scopes

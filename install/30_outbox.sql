@@ -22,7 +22,7 @@ CREATE VIEW idempotency.dead_letters AS
     SELECT tenant_id, id, topic, idem_scope, idem_key, attempts, max_attempts,
            last_error, leased_by AS last_worker, created_at, payload, headers
       FROM idempotency.outbox
-     WHERE status = 'dead';
+     WHERE status OPERATOR(pg_catalog.=) 'dead';
 
 REVOKE ALL ON idempotency.dead_letters FROM PUBLIC;
 
@@ -81,7 +81,18 @@ CREATE FUNCTION outbox_requeue(tenant text, id bigint)
 COMMENT ON FUNCTION outbox_requeue(text, bigint) IS
     'return a dead letter to the queue (operators only)';
 
-REVOKE EXECUTE ON FUNCTION outbox_requeue(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int),
+    outbox_claim(text, int, interval, text[], text),
+    outbox_ack(text, bigint, uuid, text),
+    outbox_nack(text, bigint, uuid, text, interval),
+    outbox_requeue(text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int)
+    TO idempotency_app;
+GRANT EXECUTE ON FUNCTION outbox_claim(text, int, interval, text[], text),
+    outbox_ack(text, bigint, uuid, text),
+    outbox_nack(text, bigint, uuid, text, interval) TO idempotency_worker;
+GRANT EXECUTE ON FUNCTION outbox_requeue(text, bigint) TO idempotency_admin;
+GRANT SELECT ON idempotency.dead_letters TO idempotency_admin;
 
 /*
  * Undelivered intents are data, not configuration: pg_dump must keep them,

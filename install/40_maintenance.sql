@@ -56,59 +56,67 @@ CREATE PROCEDURE idem_maintain(time_budget interval DEFAULT '50 seconds',
                                batch_pause interval DEFAULT '100 milliseconds')
     LANGUAGE plpgsql
     AS $$
+-- Runs with the caller's search_path (a procedure that commits can have no
+-- SET clause): every operator, function and type is schema-qualified, so
+-- nothing planted in another schema can run with the caller's rights.
 DECLARE
-    deadline  timestamptz;
-    n         bigint;
-    swept     bigint;
-    reclaimed bigint;
-    reaped    bigint := 0;
-    purged    bigint := 0;
-    started   timestamptz;
+    deadline  pg_catalog.timestamptz;
+    n         pg_catalog.int8;
+    swept     pg_catalog.int8;
+    reclaimed pg_catalog.int8;
+    reaped    pg_catalog.int8 := 0;
+    purged    pg_catalog.int8 := 0;
+    started   pg_catalog.timestamptz;
 BEGIN
-    IF time_budget IS NULL OR time_budget <= interval '0' THEN
+    IF time_budget IS NULL
+       OR time_budget OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
         RAISE EXCEPTION 'time_budget must be a positive interval'
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Pass how long this run may take, such as ''50 seconds'' for a job that runs every minute.';
     END IF;
-    IF batch_size IS NULL OR batch_size < 1 OR batch_size > 1000000 THEN
+    IF batch_size IS NULL OR batch_size OPERATOR(pg_catalog.<) 1
+       OR batch_size OPERATOR(pg_catalog.>) 1000000 THEN
         RAISE EXCEPTION 'batch_size must be between 1 and 1000000'
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Use a batch of a few thousand rows so each transaction stays short.';
     END IF;
-    IF batch_pause IS NULL OR batch_pause < interval '0' THEN
+    IF batch_pause IS NULL
+       OR batch_pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
         RAISE EXCEPTION 'batch_pause must not be negative'
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Pass how long to rest between batches, such as ''20 milliseconds'', or ''0''.';
     END IF;
-    deadline := pg_catalog.clock_timestamp() + time_budget;
+    deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) time_budget;
 
     -- first what is urgent and small: stuck reservations and lost leases
-    swept := @extschema@.idem_sweep();
+    swept := @extschema@.idem_sweep(NULL::pg_catalog.interval);
     reclaimed := @extschema@.idem_reclaim_leases();
     COMMIT;
 
     LOOP
         started := pg_catalog.clock_timestamp();
         n := @extschema@.idem_reap(batch_size);
-        reaped := reaped + n;
+        reaped := reaped OPERATOR(pg_catalog.+) n;
         COMMIT;
-        EXIT WHEN n < batch_size OR pg_catalog.clock_timestamp() >= deadline;
-        IF batch_pause > interval '0' THEN
+        EXIT WHEN n OPERATOR(pg_catalog.<) batch_size
+               OR pg_catalog.clock_timestamp() OPERATOR(pg_catalog.>=) deadline;
+        IF batch_pause OPERATOR(pg_catalog.>) '0'::pg_catalog.interval THEN
             -- rest at least batch_pause, and twice as long as the batch
             -- took: slow batches (a bloated table, a busy server) get
             -- longer rests, so the reaper never takes more than a third of
             -- the time it runs
             PERFORM pg_catalog.pg_sleep_for(GREATEST(batch_pause,
-                (pg_catalog.clock_timestamp() - started) * 2));
+                (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) started)
+                    OPERATOR(pg_catalog.*) 2::pg_catalog.float8));
         END IF;
     END LOOP;
 
-    WHILE pg_catalog.clock_timestamp() < deadline LOOP
+    WHILE pg_catalog.clock_timestamp() OPERATOR(pg_catalog.<) deadline LOOP
         n := @extschema@.idem_purge_outbox(batch_size);
-        purged := purged + n;
+        purged := purged OPERATOR(pg_catalog.+) n;
         COMMIT;
-        EXIT WHEN n < batch_size;
-        IF batch_pause > interval '0' THEN
+        EXIT WHEN n OPERATOR(pg_catalog.<) batch_size;
+        IF batch_pause OPERATOR(pg_catalog.>) '0'::pg_catalog.interval THEN
             PERFORM pg_catalog.pg_sleep_for(batch_pause);
         END IF;
     END LOOP;
@@ -143,3 +151,8 @@ REVOKE ALL ON FUNCTION idem_purge_outbox(int) FROM PUBLIC;
 REVOKE ALL ON PROCEDURE idem_maintain(interval, int, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_schedule_maintenance(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_unschedule_maintenance() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_reap(int), idem_sweep(interval),
+    idem_reclaim_leases(), idem_purge_outbox(int),
+    idem_schedule_maintenance(text), idem_unschedule_maintenance()
+    TO idempotency_admin;
+GRANT EXECUTE ON PROCEDURE idem_maintain(interval, int, interval) TO idempotency_admin;

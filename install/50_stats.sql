@@ -50,35 +50,40 @@ SELECT k.processing,
        o.outbox_oldest_pending_age,
        o.outbox_leased,
        o.outbox_dead
-  FROM (SELECT count(*) FILTER (WHERE k.status = 'processing')
+  FROM (SELECT pg_catalog.count(*) FILTER (
+                   WHERE k.status OPERATOR(pg_catalog.=) 'processing')
                    AS processing,
-               now() - min(coalesce(k.locked_at, k.created_at))
-                   FILTER (WHERE k.status = 'processing')
+               pg_catalog.now() OPERATOR(pg_catalog.-)
+                   pg_catalog.min(COALESCE(k.locked_at, k.created_at)) FILTER (
+                   WHERE k.status OPERATOR(pg_catalog.=) 'processing')
                    AS oldest_processing_age,
-               count(*) FILTER (
-                   WHERE k.status = 'processing'
+               pg_catalog.count(*) FILTER (
+                   WHERE k.status OPERATOR(pg_catalog.=) 'processing'
                      AND NOT k.needs_reconciliation
-                     AND coalesce(k.locked_at, k.created_at) < now() - coalesce(
+                     AND COALESCE(k.locked_at, k.created_at) OPERATOR(pg_catalog.<)
+                         (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(
                            s.lock_timeout,
-                           current_setting('idempotency.default_lock_timeout', true)::interval,
-                           interval '5 minutes'))
+                           pg_catalog.current_setting('idempotency.default_lock_timeout', true)::pg_catalog.interval,
+                           '5 minutes'::pg_catalog.interval)))
                    AS stale_processing,
-               count(*) FILTER (WHERE k.needs_reconciliation)
+               pg_catalog.count(*) FILTER (WHERE k.needs_reconciliation)
                    AS needs_reconciliation,
-               count(*) FILTER (WHERE k.expires_at < now()
-                                  AND k.status <> 'processing'
-                                  AND NOT k.needs_reconciliation)
+               pg_catalog.count(*) FILTER (
+                   WHERE k.expires_at OPERATOR(pg_catalog.<) pg_catalog.now()
+                     AND k.status OPERATOR(pg_catalog.<>) 'processing'
+                     AND NOT k.needs_reconciliation)
                    AS expired_keys
           FROM idempotency.keys k
-          LEFT JOIN idempotency.scopes s ON s.scope = k.scope) k,
-       (SELECT count(*) FILTER (WHERE o.status = 'pending')
+          LEFT JOIN idempotency.scopes s ON s.scope OPERATOR(pg_catalog.=) k.scope) k,
+       (SELECT pg_catalog.count(*) FILTER (WHERE o.status OPERATOR(pg_catalog.=) 'pending')
                    AS outbox_pending,
-               now() - min(o.available_at)
-                   FILTER (WHERE o.status = 'pending' AND o.available_at <= now())
+               pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(o.available_at) FILTER (
+                   WHERE o.status OPERATOR(pg_catalog.=) 'pending'
+                     AND o.available_at OPERATOR(pg_catalog.<=) pg_catalog.now())
                    AS outbox_oldest_pending_age,
-               count(*) FILTER (WHERE o.status = 'leased')
+               pg_catalog.count(*) FILTER (WHERE o.status OPERATOR(pg_catalog.=) 'leased')
                    AS outbox_leased,
-               count(*) FILTER (WHERE o.status = 'dead')
+               pg_catalog.count(*) FILTER (WHERE o.status OPERATOR(pg_catalog.=) 'dead')
                    AS outbox_dead
           FROM idempotency.outbox o) o;
 COMMENT ON VIEW idempotency.health IS
@@ -87,5 +92,6 @@ COMMENT ON VIEW idempotency.health IS
 REVOKE ALL ON FUNCTION idem_stats() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_stats_reset() FROM PUBLIC;
 REVOKE ALL ON idempotency.stats, idempotency.health FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_stats() TO pg_monitor;
-GRANT SELECT ON idempotency.stats, idempotency.health TO pg_monitor;
+GRANT EXECUTE ON FUNCTION idem_stats() TO pg_monitor, idempotency_admin;
+GRANT EXECUTE ON FUNCTION idem_stats_reset() TO idempotency_admin;
+GRANT SELECT ON idempotency.stats, idempotency.health TO pg_monitor, idempotency_admin;

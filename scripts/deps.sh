@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install the Debian 12 packages the extension, its tests and its demo need,
-# skipping what is already there.  Run as root.  With PG=17 or PG=18 (see
-# scripts/lib.sh), what building that server from source needs instead of
-# the postgresql-15 packages.
+# skipping what is already there; packages named as arguments too (make
+# check-valgrind's).  With PG=17 or PG=18 (see scripts/lib.sh), what
+# building that server from source needs instead of the postgresql-15
+# packages.  Run as root.
 set -euo pipefail
 
 if [ "${PG:-15}" = 15 ]; then
@@ -27,6 +28,7 @@ packages+=(
     curl                        # the demo talks HTTP to the example service
     make
     gcc
+    "$@"
 )
 
 missing=()
@@ -35,6 +37,10 @@ for p in "${packages[@]}"; do
         missing+=("$p")
     fi
 done
+# the fingerprint differential runs the RFC 8785 reference implementation
+# (npm "canonicalize") on node; any node >= 18 will do, Debian's or another
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ ${#missing[@]} -eq 0 ]; then
     echo "deps: all packages present"

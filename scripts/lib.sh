@@ -65,7 +65,9 @@ stage_tree() {
 as_postgres() {
     if [ "$(id -u)" -eq 0 ]; then
         runuser -u postgres -- env PATH="$PATH" HOME=/var/lib/postgresql \
-            PG="$PG" PG_CONFIG="$PG_CONFIG" IDEM_DESTDIR="${IDEM_DESTDIR:-}" "$@"
+            PG="$PG" PG_CONFIG="$PG_CONFIG" IDEM_DESTDIR="${IDEM_DESTDIR:-}" \
+            FUZZ_SEED="${FUZZ_SEED:-}" FUZZ_DOCS="${FUZZ_DOCS:-}" \
+            FUZZ_CALLS="${FUZZ_CALLS:-}" FUZZ_VERBOSE="${FUZZ_VERBOSE:-}" "$@"
     else
         "$@"
     fi

@@ -45,9 +45,21 @@ run_suite() {
     fi
 }
 
+# a short run of both fuzzers (make fuzz runs them long)
+run_fuzz() {
+    echo "======== suite: fuzz"
+    if bash fuzz/run.sh "${FUZZ_DOCS:-10000}" "${FUZZ_CALLS:-3000}"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        failed_names+=(fuzz)
+    fi
+}
+
 run_suite regression ISOLATION= TAP_TESTS=
 run_suite isolation REGRESS= TAP_TESTS=
 run_suite tap REGRESS= ISOLATION=
+run_fuzz
 
 if [ $failed -ne 0 ]; then
     echo "failed suites: ${failed_names[*]}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test [PG=17|18]: install what is missing (and build that server unless
 # it is cached), build with warnings as errors, install, and run the
-# regression, isolation and TAP suites against a throwaway cluster that
+# regression, isolation and TAP suites (the TAP suite includes the client
+# conformance suite, clients/) against a throwaway cluster that
 # preloads pg_cron and idempotency.  Run as root.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,6 +21,9 @@ phase() {
 
 phase "preparing PostgreSQL $PG"
 prepare_server
+bash "$top/scripts/fuzz-deps.sh"
+# the drivers of the client conformance suite (clients/) and PgBouncer
+bash "$top/clients/deps.sh"
 phase "building the extension"
 stage_tree "$top"
 echo "test: building in $WORK against $("$PG_CONFIG" --version)"

@@ -38,6 +38,17 @@ SELECT octet_length(idem_fingerprint('{}')) AS len,
 SELECT idem_canonical('"x"') AS string, idem_canonical('-0') AS zero,
        idem_canonical('null') AS null_doc, idem_canonical('[]') AS empty_array;
 
+-- Numbers whose shortest form lies exactly half-way between two doubles:
+-- ECMAScript takes it when the double's significand is even (reading it
+-- back rounds half to even), so 1e23 is written "1e+23" although
+-- PostgreSQL's float8 output writes that double 9.999999999999999e+22.
+-- The expected texts are Number.prototype.toString's (V8).
+SELECT num, idem_canonical(num::jsonb) AS canonical
+  FROM unnest(ARRAY['1e23', '9.999999999999999e22', '99999999999999991611392', '-1e23',
+                    '34930000965983366', '-65076360921375456', '295147905179352825856',
+                    '73786976294838206464', '49999999999999995805696',
+                    '9007199254740993']) AS num;
+
 -- String escapes: only '"', '\' and U+0000..U+001F, \b \t \n \f \r named,
 -- others as lower-case \u00xx; U+007F, '/' and non-ASCII are kept as they are.
 SELECT idem_canonical(to_jsonb(E'q"b\\s/\b\t\n\f\r\x01\x1f\x7f' || chr(233) || chr(128514)));
@@ -86,6 +97,8 @@ SELECT idem_fingerprint(d, p) = sha256(convert_to(idem_canonical(d, p), 'UTF8'))
 -- a number with no finite double (22003)
 SELECT idem_fingerprint('{"order": {"lines": [{"qty": 1e400}]}}');
 SELECT idem_canonical('[-1e309]');
+-- a scalar request is the whole document: its pointer is ""
+SELECT idem_canonical('-1e309');
 -- a number that is not zero but rounds to zero (22003)
 SELECT idem_fingerprint('{"rate": 1e-400}');
 -- a malformed pointer (22P02)

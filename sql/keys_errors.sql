@@ -108,7 +108,8 @@ SELECT count(*) - :rows_before AS new_rows FROM idempotency.keys
  WHERE tenant_id = 'ke_a' AND idem_key NOT IN (repeat('k', 255), 'small');
 SELECT idem_key, status, response_code, response_body, recovery_point, completed_at IS NULL AS open
   FROM idempotency.keys WHERE tenant_id = 'ke_a' AND idem_key IN ('done', 'held') ORDER BY 1;
-SELECT lock_token = :'tok' AS held_by_same_token FROM idem_lookup('ke_a', 'orders', 'held');
+SELECT lock_token = :'tok' AS held_by_same_token FROM idempotency.keys
+ WHERE tenant_id = 'ke_a' AND scope = 'orders' AND idem_key = 'held';
 
 -- the errors as psql shows them, with detail and hint
 SELECT idem_reserve('ke_a', 'orders', '', fingerprint => sha256('x'));

@@ -47,7 +47,8 @@ SELECT idem_complete('kl_a', 'orders', 'k-5xx', 503, '{"error": "unavailable"}')
 COMMIT;
 SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'kl_a' AND idem_key = 'k-5xx';
 SELECT :r FROM idem_reserve('kl_a', 'orders', 'k-5xx', '{}'::jsonb);
-SELECT idem_release('kl_a', 'orders', 'k-5xx');
+-- the reservation committed: releasing it takes its lock_token (fencing)
+SELECT idem_release('kl_a', 'orders', 'k-5xx', (SELECT lock_token FROM idempotency.keys WHERE tenant_id = 'kl_a' AND scope = 'orders' AND idem_key = 'k-5xx'));
 
 -- a scope that caches server errors stores and replays them
 SELECT scope, cache_server_errors FROM idem_configure_scope('kl_cached', '{"cache_server_errors": true}');
@@ -59,7 +60,7 @@ SELECT :r FROM idem_reserve('kl_a', 'kl_cached', 'k-5xx', '{}'::jsonb);
 
 -- the precomputed-fingerprint overload
 SELECT :r FROM idem_reserve('kl_a', 'orders', 'k-fp', fingerprint => sha256('body-1'));
-SELECT idem_complete('kl_a', 'orders', 'k-fp', 200, '{"n": 1}');
+SELECT idem_complete('kl_a', 'orders', 'k-fp', 200, '{"n": 1}', lock_token => (SELECT lock_token FROM idempotency.keys WHERE tenant_id = 'kl_a' AND scope = 'orders' AND idem_key = 'k-fp'));
 SELECT :r FROM idem_reserve('kl_a', 'orders', 'k-fp', fingerprint => sha256('body-1'));
 SELECT :r FROM idem_reserve('kl_a', 'orders', 'k-fp', fingerprint => sha256('body-2'));
 
@@ -68,7 +69,7 @@ SELECT :r FROM idem_reserve('kl_a', 'orders', 'k-fp', fingerprint => sha256('bod
 SELECT lock_token AS tok1 FROM idem_reserve('kl_a', 'pay', 'tp-1', fingerprint => sha256('p')) \gset
 SELECT :r FROM idem_reserve('kl_a', 'pay', 'tp-1', fingerprint => sha256('p'));
 SELECT idem_checkpoint('kl_a', 'pay', 'tp-1', 'charged', :'tok1');
-SELECT status, recovery_point, lock_token = :'tok1' AS same_token
+SELECT status, recovery_point, (SELECT lock_token FROM idempotency.keys WHERE tenant_id = 'kl_a' AND scope = 'pay' AND idem_key = 'tp-1') = :'tok1' AS same_token
   FROM idem_lookup('kl_a', 'pay', 'tp-1');
 SELECT idem_complete('kl_a', 'pay', 'tp-1', 201, '{"charge": "ch_1"}', NULL, :'tok1');
 SELECT :r FROM idem_reserve('kl_a', 'pay', 'tp-1', fingerprint => sha256('p'));
@@ -119,7 +120,7 @@ SELECT idem_checkpoint('kl_a', 'kl_saga', 'ts-1', 'step-3', :'old');
 SELECT idem_release('kl_a', 'kl_saga', 'ts-1', :'old');
 SELECT idem_complete('kl_a', 'kl_saga', 'ts-1', 200, '{"by": "old"}', NULL, :'old');
 \set VERBOSITY default
-SELECT status, recovery_point, response_body, lock_token = :'new' AS new_holds
+SELECT status, recovery_point, response_body, (SELECT lock_token FROM idempotency.keys WHERE tenant_id = 'kl_a' AND scope = 'kl_saga' AND idem_key = 'ts-1') = :'new' AS new_holds
   FROM idem_lookup('kl_a', 'kl_saga', 'ts-1');
 SELECT idem_complete('kl_a', 'kl_saga', 'ts-1', 200, '{"by": "new"}', NULL, :'new');
 SELECT :r FROM idem_reserve('kl_a', 'kl_saga', 'ts-1', fingerprint => sha256('s'));
@@ -182,7 +183,7 @@ SELECT outcome FROM idem_reserve('kl_a', 'orders', 'hot-1', fingerprint => sha25
 SELECT pg_stat_force_next_flush();
 SELECT n_tup_upd AS upd0, n_tup_hot_upd AS hot0 FROM pg_stat_user_tables
  WHERE relid = 'idempotency.keys'::regclass \gset
-SELECT idem_complete('kl_a', 'orders', 'hot-1', 200, '{}');
+SELECT idem_complete('kl_a', 'orders', 'hot-1', 200, '{}', lock_token => (SELECT lock_token FROM idempotency.keys WHERE tenant_id = 'kl_a' AND scope = 'orders' AND idem_key = 'hot-1'));
 SELECT pg_stat_force_next_flush();
 SELECT n_tup_upd - :upd0 AS updates, n_tup_hot_upd - :hot0 AS hot_updates
   FROM pg_stat_user_tables WHERE relid = 'idempotency.keys'::regclass;

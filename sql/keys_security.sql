@@ -1,6 +1,7 @@
--- A plain role can call the user-facing functions but cannot read the
--- tables; the admin functions are refused to it.
+-- A role granted idempotency_app can call the user-facing functions but
+-- cannot read the tables; the admin functions are refused to it.
 CREATE ROLE keys_app_role NOLOGIN;
+GRANT idempotency_app TO keys_app_role;
 SET ROLE keys_app_role;
 SELECT current_user;
 -- the functions run with the owner's rights and a fixed search_path
@@ -11,9 +12,10 @@ SELECT idem_complete('ks_a', 'orders', 'sec-1', 201, '{"id": 7}');
 COMMIT;
 SELECT outcome, response_body FROM idem_reserve('ks_a', 'orders', 'sec-1', '{"x": 1}'::jsonb);
 SELECT status, response_code FROM idem_lookup('ks_a', 'orders', 'sec-1');
-SELECT lock_token IS NOT NULL AS has_token FROM idem_reserve('ks_a', 'orders', 'sec-2', fingerprint => sha256('y'));
-SELECT idem_checkpoint('ks_a', 'orders', 'sec-2', 'step');
-SELECT idem_release('ks_a', 'orders', 'sec-2');
+SELECT lock_token AS sec2, lock_token IS NOT NULL AS has_token FROM idem_reserve('ks_a', 'orders', 'sec-2', fingerprint => sha256('y')) \gset
+SELECT :'has_token' AS has_token;
+SELECT idem_checkpoint('ks_a', 'orders', 'sec-2', 'step', :'sec2');
+SELECT idem_release('ks_a', 'orders', 'sec-2', :'sec2');
 RESET search_path;
 -- no direct access to the tables
 SELECT count(*) FROM idempotency.keys;

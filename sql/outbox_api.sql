@@ -163,7 +163,7 @@ SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_e
  ORDER BY 1;
 
 -- a role without any table privilege works the queue through the functions
-CREATE ROLE regress_obx_app;
+CREATE ROLE regress_obx_app IN ROLE idempotency_app, idempotency_worker;
 SET ROLE regress_obx_app;
 SELECT outbox_enqueue('obx_a', 'obx.app', '{"ok": true}', 'k-app', 'app') IS NOT NULL AS enqueued;
 SELECT pg_temp.outbox_error('SELECT count(*) FROM idempotency.outbox');

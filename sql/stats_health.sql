@@ -73,10 +73,7 @@ SELECT processing,
 -- are not executable by PUBLIC; pg_monitor may read stats and health
 CREATE ROLE stats_plain;
 CREATE ROLE stats_monitor IN ROLE pg_monitor;
-CREATE ROLE stats_ops;
-GRANT EXECUTE ON PROCEDURE idem_maintain(interval, int, interval) TO stats_ops;
-GRANT EXECUTE ON FUNCTION idem_reap(int), idem_sweep(interval),
-    idem_reclaim_leases(), idem_purge_outbox(int) TO stats_ops;
+CREATE ROLE stats_ops IN ROLE idempotency_admin;
 -- run a statement as a role and undo whatever it did: 'ok' or the SQLSTATE
 CREATE FUNCTION pg_temp.try_as(r text, stmt text) RETURNS text
 LANGUAGE plpgsql AS $$
@@ -126,7 +123,4 @@ SELECT count(*) AS entries_after_reset FROM idempotency.stats;
 
 DELETE FROM idempotency.keys WHERE tenant_id LIKE 'stats-%';
 DELETE FROM idempotency.outbox WHERE tenant_id LIKE 'stats-%';
-REVOKE EXECUTE ON PROCEDURE idem_maintain(interval, int, interval) FROM stats_ops;
-REVOKE EXECUTE ON FUNCTION idem_reap(int), idem_sweep(interval),
-    idem_reclaim_leases(), idem_purge_outbox(int) FROM stats_ops;
 DROP ROLE stats_plain, stats_monitor, stats_ops;

@@ -2,7 +2,7 @@
 -- answer, per tenant and scope: a retry spike is visible from SQL.
 -- Each statement below is its own transaction (two-phase use).
 SELECT outcome FROM idem_reserve('stats-r', 'orders', 'k1', '{"amount": 1}'::jsonb);
-SELECT idem_complete('stats-r', 'orders', 'k1', 201, '{"id": 1}');
+SELECT idem_complete('stats-r', 'orders', 'k1', 201, '{"id": 1}', lock_token => (SELECT lock_token FROM idempotency.keys WHERE tenant_id = 'stats-r' AND scope = 'orders' AND idem_key = 'k1'));
 -- a client retrying hard: three replays (spelling of the body aside)
 SELECT outcome, http_status FROM idem_reserve('stats-r', 'orders', 'k1', '{"amount": 1}'::jsonb);
 SELECT outcome, http_status FROM idem_reserve('stats-r', 'orders', 'k1', '{"amount":1}'::jsonb);
@@ -11,9 +11,9 @@ SELECT outcome, http_status FROM idem_reserve('stats-r', 'orders', 'k1', '{"amou
 SELECT outcome, http_status FROM idem_reserve('stats-r', 'orders', 'k1', '{"amount": 2}'::jsonb);
 -- a 5xx releases the key; so does idem_release
 SELECT outcome FROM idem_reserve('stats-r', 'orders', 'k2', '{}'::jsonb);
-SELECT idem_complete('stats-r', 'orders', 'k2', 503, '{}') IS NULL AS released;
+SELECT idem_complete('stats-r', 'orders', 'k2', 503, '{}', lock_token => (SELECT lock_token FROM idempotency.keys WHERE tenant_id = 'stats-r' AND scope = 'orders' AND idem_key = 'k2')) IS NULL AS released;
 SELECT outcome FROM idem_reserve('stats-r', 'orders', 'k3', '{}'::jsonb);
-SELECT idem_release('stats-r', 'orders', 'k3');
+SELECT idem_release('stats-r', 'orders', 'k3', (SELECT lock_token FROM idempotency.keys WHERE tenant_id = 'stats-r' AND scope = 'orders' AND idem_key = 'k3'));
 -- a reservation held by a live attempt, and one whose attempt vanished
 SELECT outcome FROM idem_reserve('stats-r', 'refunds', 'k4', '{}'::jsonb);
 SELECT outcome, http_status FROM idem_reserve('stats-r', 'refunds', 'k4', '{}'::jsonb);

@@ -1,7 +1,9 @@
 # idempotency.stats across restarts, as README says: counters survive a clean
-# restart and are discarded after a crash (immediate shutdown).  Also: the
-# overflow entry when there are more (tenant, scope) pairs than
-# idempotency.stats_max_entries, per-database views, and the clear error of
+# restart and are discarded after a crash (immediate shutdown).  Also: what
+# happens when there are more (tenant, scope) pairs than
+# idempotency.stats_max_entries (the reaper's counts never evict; a request
+# of a new pair evicts the least used pairs into "(other)", totals intact),
+# per-database views, entries of a dropped database, and the clear error of
 # a server that did not preload the library.
 use strict;
 use warnings;
@@ -65,6 +67,75 @@ is($node->safe_psql('postgres', $summary), '2 pairs, 6 reaped, other 0',
 $node->safe_psql('postgres', 'SELECT idem_stats_reset()');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM idempotency.stats'),
 	'0', 'reset');
+
+# eviction: one busy pair, then a full table of pairs the reaper counted,
+# then 40 new tenants making requests
+$node->safe_psql(
+	'postgres', q{
+	BEGIN;
+	SELECT idem_reserve('busy', 'orders', 'b1', '{}'::jsonb);
+	SELECT idem_complete('busy', 'orders', 'b1', 200, '{}');
+	COMMIT;
+	SELECT count(idem_reserve('busy', 'orders', 'b1', '{}'::jsonb))
+	  FROM generate_series(1, 20);
+});
+reap_for_tenants('postgres', 'v', 15);
+is($node->safe_psql('postgres', $summary), '16 pairs, 45 reaped, other 0',
+	'the table is full');
+$node->safe_psql('postgres',
+	q{SELECT count(idem_reserve('new' || g, 'orders', 'k', '{}'::jsonb))
+	    FROM generate_series(1, 40) g});
+my $totals = q{
+	SELECT sum(created) || ' created, ' || sum(replayed) || ' replayed, '
+	       || sum(completed) || ' completed, ' || sum(reaped) || ' reaped'
+	  FROM idempotency.stats};
+is($node->safe_psql('postgres', $totals),
+	'41 created, 20 replayed, 1 completed, 45 reaped',
+	'eviction keeps the totals');
+is($node->safe_psql('postgres',
+		"SELECT created || ' ' || replayed FROM idempotency.stats WHERE tenant = 'new40'"),
+	'1 0', 'a new pair gets its own row when the table is full');
+is($node->safe_psql('postgres',
+		"SELECT replayed FROM idempotency.stats WHERE tenant = 'busy'"),
+	'20', 'the busy pair is not evicted');
+is($node->safe_psql('postgres', q{
+	SELECT (count(*) FILTER (WHERE tenant <> '(other)') <= 16)
+	       || ' ' || (sum(created) FILTER (WHERE tenant = '(other)') >= 25)
+	       || ' ' || (sum(reaped) FILTER (WHERE tenant = '(other)') >= 30)
+	  FROM idempotency.stats}),
+	'true true true', 'evicted pairs are counted under (other)');
+
+# usage survives a clean restart: the busy pair still outlives newcomers
+$node->restart;
+is($node->safe_psql('postgres', $totals),
+	'41 created, 20 replayed, 1 completed, 45 reaped',
+	'totals after a clean restart');
+$node->safe_psql('postgres',
+	q{SELECT count(idem_reserve('newer' || g, 'orders', 'k', '{}'::jsonb))
+	    FROM generate_series(1, 40) g});
+is($node->safe_psql('postgres',
+		"SELECT replayed FROM idempotency.stats WHERE tenant = 'busy'"),
+	'20', 'the busy pair keeps its row after a restart');
+is($node->safe_psql('postgres', $totals),
+	'81 created, 20 replayed, 1 completed, 45 reaped',
+	'totals after more evictions');
+
+# a dropped database gives its room back, but only once the drop commits
+$node->safe_psql('postgres', 'SELECT idem_stats_reset()');
+$node->safe_psql('postgres', 'CREATE DATABASE doomed');
+$node->safe_psql('doomed', 'CREATE EXTENSION idempotency');
+reap_for_tenants('doomed', 'd', 16);
+$node->safe_psql('postgres', 'ALTER DATABASE doomed IS_TEMPLATE true');
+my ($drop_ret) = $node->psql('postgres', 'DROP DATABASE doomed');
+isnt($drop_ret, 0, 'a template database cannot be dropped');
+is($node->safe_psql('doomed',
+		"SELECT count(*) FROM idempotency.stats WHERE tenant <> '(other)'"),
+	'16', 'a failed DROP DATABASE keeps the entries');
+$node->safe_psql('postgres', 'ALTER DATABASE doomed IS_TEMPLATE false');
+$node->safe_psql('postgres', 'DROP DATABASE doomed');
+reap_for_tenants('postgres', 'p', 16);
+is($node->safe_psql('postgres', $summary), '16 pairs, 48 reaped, other 0',
+	'the entries of a dropped database are gone');
 $node->stop;
 
 # without shared_preload_libraries (neither idempotency nor pg_cron): the
@@ -93,7 +164,7 @@ like($err, qr/HINT:  Add idempotency to shared_preload_libraries/,
 like($err, qr/ERROR:  pg_cron is not loaded on this server/,
 	'scheduling without pg_cron loaded: error');
 like($err,
-	qr/HINT:  Add pg_cron to shared_preload_libraries, .* and there run: SELECT cron.schedule_in_database\('idempotency-maintenance-postgres', '\* \* \* \* \*', 'CALL public.idem_maintain\(\)', 'postgres'\);/,
+	qr/HINT:  Add pg_cron to shared_preload_libraries, .* and there run: SELECT cron.schedule_in_database\('idempotency-maintenance-postgres', '\* \* \* \* \*', 'CALL public.idem_maintain\(''50 seconds''::pg_catalog.interval, 1000::pg_catalog.int4, ''100 milliseconds''::pg_catalog.interval\)', 'postgres'\);/,
 	'scheduling without pg_cron loaded: the hint says how');
 $node = $plain;
 reap_for_tenants('postgres', 'p', 1);

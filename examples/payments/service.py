@@ -24,7 +24,11 @@ be reached it answers 503 and charges nothing.
 
 Configuration (environment): PAYMENTS_DSN (libpq connection string),
 PAYMENTS_PORT (default 8080), PAYMENTS_PROCESSING_DELAY (seconds of simulated
-work inside the transaction, default 0).
+work inside the transaction, default 0), PAYMENTS_PGBOUNCER=1 when PAYMENTS_DSN
+goes through PgBouncer in transaction mode (no server-side prepared
+statements: PgBouncer before 1.21 cannot carry them from one transaction to
+the next).  The tenant is set with SET LOCAL, never SET, which would stay on
+the server connection for whichever client PgBouncer hands it to next.
 """
 
 import json
@@ -47,6 +51,8 @@ TENANT_TOKENS = {
 }
 
 DSN = os.environ.get("PAYMENTS_DSN", "")
+# psycopg prepares a statement on its fifth execution by default
+PREPARE_THRESHOLD = None if os.environ.get("PAYMENTS_PGBOUNCER") else 5
 PROCESSING_DELAY = float(os.environ.get("PAYMENTS_PROCESSING_DELAY", "0"))
 
 
@@ -63,7 +69,8 @@ class ConnectionPool:
         with self.lock:
             if self.idle:
                 return self.idle.pop()
-        return psycopg.connect(self.dsn, connect_timeout=3)
+        return psycopg.connect(self.dsn, connect_timeout=3,
+                               prepare_threshold=PREPARE_THRESHOLD)
 
     def clear(self):
         with self.lock:

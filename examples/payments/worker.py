@@ -12,9 +12,15 @@ out again (with a new lease token, so the dead worker's ack could no longer
 land), and the provider, seeing the same key, does not capture twice.
 
 Between claims the worker sleeps on LISTEN idempotency_outbox (sent when an
-enqueueing transaction commits), polling at least every POLL seconds.
+enqueueing transaction commits), polling at least every POLL seconds.  Behind
+PgBouncer in transaction mode the LISTEN connection must go straight to the
+server (WORKER_LISTEN_DSN): a LISTEN made through PgBouncer stays on a server
+connection that other clients use, and its notifications are lost.  Claims
+and acks may go through PgBouncer: a lease is a row, not a session lock.
 
-Configuration (environment): PAYMENTS_DSN, PROVIDER_URL (default
+Configuration (environment): PAYMENTS_DSN, WORKER_LISTEN_DSN (default
+PAYMENTS_DSN), PAYMENTS_PGBOUNCER=1 (no server-side prepared statements, as
+in service.py), PROVIDER_URL (default
 http://127.0.0.1:8090), WORKER_NAME, WORKER_LEASE (seconds, default 30),
 WORKER_BATCH (default 10).  WORKER_CRASH_AFTER_CALLS=N makes the worker kill
 itself with SIGKILL right after its N-th provider call, before the ack: the
@@ -33,6 +39,8 @@ import urllib.request
 import psycopg
 
 DSN = os.environ.get("PAYMENTS_DSN", "")
+LISTEN_DSN = os.environ.get("WORKER_LISTEN_DSN", DSN)
+PREPARE_THRESHOLD = None if os.environ.get("PAYMENTS_PGBOUNCER") else 5
 PROVIDER_URL = os.environ.get("PROVIDER_URL", "http://127.0.0.1:8090")
 NAME = os.environ.get("WORKER_NAME", "worker-%d" % os.getpid())
 LEASE = int(os.environ.get("WORKER_LEASE", "30"))
@@ -98,8 +106,9 @@ def work_once(conn):
 def main():
     while True:
         try:
-            conn = psycopg.connect(DSN, autocommit=False, connect_timeout=3)
-            listen = psycopg.connect(DSN, autocommit=True, connect_timeout=3)
+            conn = psycopg.connect(DSN, autocommit=False, connect_timeout=3,
+                                   prepare_threshold=PREPARE_THRESHOLD)
+            listen = psycopg.connect(LISTEN_DSN, autocommit=True, connect_timeout=3)
             listen.execute("LISTEN idempotency_outbox")
             sys.stderr.write("%s: started\n" % NAME)
             while True:

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Runs as postgres (from scripts/check-valgrind.sh): a cluster whose server
+# runs under valgrind, the suites against it, then valgrind's verdict.
+set -uo pipefail
+WORK=$1
+prefix=$2
+vg=$WORK/valgrind
+mkdir -p "$vg/logs"
+export PATH="$prefix/bin:$PATH"
+cd "$WORK"
+
+initdb -D "$vg/data" -A trust -E UTF8 --locale=C.UTF-8 -U postgres >"$vg/initdb.log" 2>&1 ||
+    { cat "$vg/initdb.log"; exit 1; }
+cat >> "$vg/data/postgresql.conf" <<CONF
+listen_addresses = ''
+unix_socket_directories = '$vg'
+port = 5432
+shared_preload_libraries = 'idempotency'
+fsync = off
+autovacuum = off
+max_connections = 40
+log_line_prefix = '%m [%p] '
+CONF
+
+# the postmaster and every backend it forks run under memcheck; one log per
+# process, each error between markers
+cat > "$vg/postgres" <<WRAP
+#!/bin/sh
+exec valgrind --quiet --trace-children=yes --track-origins=yes --read-var-info=no \\
+    --num-callers=40 --leak-check=no --gen-suppressions=all \\
+    --suppressions="$WORK/scripts/valgrind.supp" \\
+    --error-markers=VALGRINDERROR-BEGIN,VALGRINDERROR-END \\
+    --log-file="$vg/logs/%p.log" "$prefix/bin/postgres" "\$@"
+WRAP
+chmod +x "$vg/postgres"
+
+export PGHOST=$vg PGPORT=5432 PGUSER=postgres
+start=$SECONDS
+echo "check-valgrind: starting the server under valgrind"
+pg_ctl -D "$vg/data" -p "$vg/postgres" -l "$vg/server.log" -t 900 -w start >/dev/null ||
+    { tail -n 50 "$vg/server.log"; exit 1; }
+
+suites=0
+suites_failed=()
+suite() {
+    local name=$1
+    shift
+    echo "======== suite: $name (under valgrind)"
+    local t0=$SECONDS
+    if "$@"; then
+        suites=$((suites + 1))
+    else
+        suites_failed+=("$name")
+        for f in regression.diffs output_iso/regression.diffs; do
+            [ -s "$f" ] && { echo "======== $f"; head -n 200 "$f"; }
+        done
+    fi
+    echo "check-valgrind: $name took $((SECONDS - t0)) s"
+}
+
+regress_args=()
+[ -n "${VALGRIND_REGRESS:-}" ] && regress_args=(REGRESS="$VALGRIND_REGRESS")
+isolation_args=()
+[ "${VALGRIND_ISOLATION-all}" != all ] && isolation_args=(ISOLATION="$VALGRIND_ISOLATION")
+
+suite regression make -s installcheck PG_CONFIG="$prefix/bin/pg_config" ISOLATION= TAP_TESTS= \
+    "${regress_args[@]}"
+if [ "${VALGRIND_ISOLATION-all}" != "" ]; then
+    suite isolation make -s installcheck PG_CONFIG="$prefix/bin/pg_config" REGRESS= TAP_TESTS= \
+        "${isolation_args[@]}"
+fi
+if [ -n "${VALGRIND_FUZZ:-}" ]; then
+    # shellcheck disable=SC2086
+    export FUZZ_SERVER_LOG="$vg/server.log"
+    suite fuzz bash fuzz/run.sh $VALGRIND_FUZZ
+fi
+
+pg_ctl -D "$vg/data" -m fast -t 900 -w stop >/dev/null || echo "check-valgrind: the server did not stop cleanly"
+echo "check-valgrind: server under valgrind for $((SECONDS - start)) s"
+
+/usr/bin/python3 "$WORK/scripts/valgrind-report.py" "$vg/logs"
+verdict=$?
+if [ ${#suites_failed[@]} -ne 0 ]; then
+    echo "check-valgrind: suites with differences under valgrind: ${suites_failed[*]}"
+fi
+[ $verdict -eq 0 ] && [ ${#suites_failed[@]} -eq 0 ]

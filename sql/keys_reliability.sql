@@ -1,0 +1,190 @@
+-- Reliability of the key functions (issue 10), in one session: a takeover
+-- renews the key's ttl, ttl and wait are bounded, a ttl that lands in the
+-- past is refused, locked_at is the time of the call and not the start of
+-- its transaction, and a committed two-phase reservation is fenced by its
+-- lock_token.  Columns that change from run to run are shown as booleans.
+CREATE FUNCTION pg_temp.err(sql text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    st text;
+    msg text;
+    detail text;
+    hint text;
+BEGIN
+    EXECUTE sql;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+                            detail = PG_EXCEPTION_DETAIL, hint = PG_EXCEPTION_HINT;
+    RETURN st || ' ' || msg || coalesce(E'\n      detail: ' || nullif(detail, ''), '')
+           || E'\n      hint: ' || coalesce(nullif(hint, ''), '(none)');
+END
+$$;
+CREATE FUNCTION pg_temp.token(t text, s text, k text) RETURNS uuid
+LANGUAGE sql AS $$
+    SELECT lock_token FROM idempotency.keys
+     WHERE tenant_id = t AND scope = s AND idem_key = k
+$$;
+\set r 'outcome, http_status, response_code, response_body, retry_after, recovery_point, lock_token IS NOT NULL AS has_token, expires_at IS NOT NULL AS has_expiry'
+
+--
+-- Time.  One wait of 2.1 seconds serves every check that needs time to
+-- pass: the two-phase reservations below are made before it.
+--
+-- takeover scope: keys live 1 second, a reservation is stale after 2
+SELECT scope, ttl, lock_timeout, stale_action
+  FROM idem_configure_scope('kr_take', '{"ttl": "1 second", "lock_timeout": "2 seconds", "stale_action": "takeover"}');
+-- a fail scope whose reservations are stale after 2 seconds
+SELECT scope, lock_timeout, stale_action
+  FROM idem_configure_scope('kr_short', '{"lock_timeout": "2 seconds"}');
+-- two-phase reservations (each commits alone); their attempts vanish
+SELECT lock_token AS tk1, expires_at AS tk1_exp
+  FROM idem_reserve('kr_a', 'kr_take', 'tk-1', fingerprint => sha256('t1')) \gset
+SELECT idem_checkpoint('kr_a', 'kr_take', 'tk-1', 'step-1', :'tk1');
+SELECT lock_token AS tk2 FROM idem_reserve('kr_a', 'kr_take', 'tk-2', fingerprint => sha256('t2')) \gset
+SELECT lock_token AS cp1 FROM idem_reserve('kr_a', 'kr_short', 'cp-1', fingerprint => sha256('c')) \gset
+
+-- a long transaction: the reservation it makes late is locked at the time
+-- of the call, not at the start of the transaction (now())
+BEGIN;
+SELECT pg_sleep(2.1);
+SELECT :r FROM idem_reserve('kr_a', 'kr_short', 'late-1', ttl => '1 hour', fingerprint => sha256('l'));
+SELECT locked_at >= now() + interval '2.1 seconds' AS locked_at_is_call_time,
+       created_at = locked_at AS created_at_too,
+       expires_at - locked_at AS ttl
+  FROM idem_lookup('kr_a', 'kr_short', 'late-1');
+-- a checkpoint renews the lock to the time of the call too
+SELECT idem_checkpoint('kr_a', 'kr_short', 'cp-1', 'step-2', :'cp1');
+SELECT recovery_point, locked_at >= now() + interval '2.1 seconds' AS locked_at_is_call_time
+  FROM idem_lookup('kr_a', 'kr_short', 'cp-1');
+COMMIT;
+-- so a retry right after the commit finds both attempts alive, not stale
+-- (a lock dated from the transaction's start would be 2.1 seconds old,
+-- past the scope's lock_timeout)
+SELECT outcome, http_status FROM idem_reserve('kr_a', 'kr_short', 'late-1', fingerprint => sha256('l'));
+SELECT outcome, http_status FROM idem_reserve('kr_a', 'kr_short', 'cp-1', fingerprint => sha256('c'));
+SELECT idem_key, status, needs_reconciliation FROM idem_lookup('kr_a', 'kr_short', 'late-1')
+UNION ALL
+SELECT idem_key, status, needs_reconciliation FROM idem_lookup('kr_a', 'kr_short', 'cp-1');
+
+-- a takeover renews the ttl.  tk-1 is stale (2.1 s > lock_timeout) and
+-- past its expires_at (ttl 1 s): the takeover gets a new token, the last
+-- recovery point, and a new expires_at, the scope's ttl from now
+SELECT :r, lock_token <> :'tk1' AS new_token, expires_at > :'tk1_exp' AS expiry_moved,
+       expires_at > now() AS expiry_in_future
+  FROM idem_reserve('kr_a', 'kr_take', 'tk-1', fingerprint => sha256('t1'));
+SELECT status, recovery_point, needs_reconciliation, locked_at > :'tk1_exp' AS relocked,
+       expires_at - locked_at AS ttl, expires_at > :'tk1_exp' AS expiry_moved
+  FROM idem_lookup('kr_a', 'kr_take', 'tk-1');
+-- tk-2: taken over with an explicit ttl, completed with the new token;
+-- every retry replays it (a takeover that kept the old, past expires_at
+-- left a finished key that had already expired: the retry was "created"
+-- and the request ran twice)
+SELECT lock_token AS tk2new, outcome, lock_token <> :'tk2' AS new_token
+  FROM idem_reserve('kr_a', 'kr_take', 'tk-2', ttl => '1 hour', fingerprint => sha256('t2')) \gset
+\echo :outcome :new_token
+SELECT idem_complete('kr_a', 'kr_take', 'tk-2', 201, '{"charge": "ch_2"}', NULL, :'tk2new');
+SELECT :r FROM idem_reserve('kr_a', 'kr_take', 'tk-2', fingerprint => sha256('t2'));
+SELECT :r FROM idem_reserve('kr_a', 'kr_take', 'tk-2', fingerprint => sha256('t2'));
+SELECT status, response_code, expires_at > now() + interval '59 minutes' AS kept_an_hour
+  FROM idem_lookup('kr_a', 'kr_take', 'tk-2');
+-- the superseded attempt is fenced out
+SELECT pg_temp.err(format('SELECT idem_complete(%L, %L, %L, 200, %L, NULL, %L)',
+                          'kr_a', 'kr_take', 'tk-2', '{}', :'tk2'));
+
+--
+-- Bounds on ttl and wait (22023, with a hint), checked before anything is
+-- written.  The lengths are computed without overflowing: 100000000 years
+-- used to wrap around to a negative length, 50000000 years to a positive
+-- one (then accepted, or "timestamp out of range").
+--
+SELECT count(*) AS rows_before FROM idempotency.keys WHERE tenant_id = 'kr_a' \gset
+-- (each call on a key of its own, and a statement_timeout: a wait accepted
+-- by mistake on a key in progress would otherwise block for ever)
+SET statement_timeout = '20s';
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-1', ttl => '100000000 years', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-2', ttl => '50000000 years', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-3', ttl => '-100000000 years', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-4', ttl => '365001 days', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-5', wait => '100000000 years', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-6', wait => '50000000 years', fingerprint => sha256('b'))$$);
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-7', wait => '1 day 1 second', fingerprint => sha256('b'))$$);
+-- a ttl positive when a month counts 30 days, that still ends in the past:
+-- 100 years back is at least 36524 days, 36100 days forward
+SELECT interval '-100 years 36100 days' > interval '0' AS looks_positive;
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-8', ttl => '-100 years 36100 days', fingerprint => sha256('b'))$$);
+RESET statement_timeout;
+SELECT count(*) - :rows_before AS new_rows FROM idempotency.keys WHERE tenant_id = 'kr_a';
+-- the limits themselves are accepted
+SELECT outcome, expires_at > now() + interval '365000 days' - interval '1 minute' AS far
+  FROM idem_reserve('kr_a', 'orders', 'b-max', ttl => '365000 days', wait => '1 day', fingerprint => sha256('b'));
+
+--
+-- Fencing: a two-phase reservation, committed by its own transaction, is
+-- written only with its lock_token.
+--
+SELECT lock_token AS ft FROM idem_reserve('kr_a', 'orders', 'fence-1', fingerprint => sha256('f')) \gset
+-- without the token: 55006 for every write, the 5xx release included
+SELECT pg_temp.err($$SELECT idem_complete('kr_a', 'orders', 'fence-1', 200, '{"by": "intruder"}')$$);
+SELECT pg_temp.err($$SELECT idem_complete('kr_a', 'orders', 'fence-1', 503, '{}')$$);
+SELECT pg_temp.err($$SELECT idem_checkpoint('kr_a', 'orders', 'fence-1', 'intruder')$$);
+SELECT pg_temp.err($$SELECT idem_release('kr_a', 'orders', 'fence-1')$$);
+-- nor in a later transaction block of the same session
+BEGIN;
+SELECT pg_temp.err($$SELECT idem_complete('kr_a', 'orders', 'fence-1', 200, '{"by": "intruder"}')$$);
+COMMIT;
+-- the row is unchanged
+SELECT status, recovery_point, response_code, response_body, needs_reconciliation,
+       pg_temp.token('kr_a', 'orders', 'fence-1') = :'ft' AS same_token
+  FROM idem_lookup('kr_a', 'orders', 'fence-1');
+SELECT outcome FROM idem_reserve('kr_a', 'orders', 'fence-1', fingerprint => sha256('f'));
+-- with the token: checkpoint and complete
+SELECT idem_checkpoint('kr_a', 'orders', 'fence-1', 'charged', :'ft');
+SELECT idem_complete('kr_a', 'orders', 'fence-1', 201, '{"by": "holder"}', NULL, :'ft');
+SELECT :r FROM idem_reserve('kr_a', 'orders', 'fence-1', fingerprint => sha256('f'));
+
+-- inside the reserving transaction no token is needed
+BEGIN;
+SELECT outcome FROM idem_reserve('kr_a', 'orders', 'fence-2', fingerprint => sha256('f'));
+SELECT idem_checkpoint('kr_a', 'orders', 'fence-2', 'step-1');
+SELECT idem_complete('kr_a', 'orders', 'fence-2', 200, '{"by": "holder"}');
+COMMIT;
+BEGIN;
+SELECT outcome FROM idem_reserve('kr_a', 'orders', 'fence-3', fingerprint => sha256('f'));
+SELECT idem_release('kr_a', 'orders', 'fence-3');
+COMMIT;
+-- nor for a reservation made in a savepoint that was released
+BEGIN;
+SAVEPOINT a;
+SELECT outcome FROM idem_reserve('kr_a', 'orders', 'fence-4', fingerprint => sha256('f'));
+RELEASE SAVEPOINT a;
+SELECT idem_complete('kr_a', 'orders', 'fence-4', 200, '{"by": "holder"}');
+COMMIT;
+SELECT idem_key, status, response_body FROM idempotency.keys
+ WHERE tenant_id = 'kr_a' AND idem_key IN ('fence-2', 'fence-3', 'fence-4') ORDER BY 1;
+
+-- a reservation rolled back with its savepoint is gone: P0002, and the
+-- key can be reserved again in the same transaction
+BEGIN;
+SAVEPOINT a;
+SELECT outcome FROM idem_reserve('kr_a', 'orders', 'fence-5', fingerprint => sha256('f'));
+ROLLBACK TO SAVEPOINT a;
+SELECT count(*) FROM idem_lookup('kr_a', 'orders', 'fence-5');
+SELECT pg_temp.err($$SELECT idem_complete('kr_a', 'orders', 'fence-5', 200, '{}')$$);
+SELECT pg_temp.err($$SELECT idem_checkpoint('kr_a', 'orders', 'fence-5', 'x')$$);
+SELECT pg_temp.err($$SELECT idem_release('kr_a', 'orders', 'fence-5')$$);
+-- nested: a savepoint released inside one rolled back
+SAVEPOINT b;
+SAVEPOINT c;
+SELECT outcome FROM idem_reserve('kr_a', 'orders', 'fence-6', fingerprint => sha256('f'));
+RELEASE SAVEPOINT c;
+ROLLBACK TO SAVEPOINT b;
+SELECT pg_temp.err($$SELECT idem_complete('kr_a', 'orders', 'fence-6', 200, '{}')$$);
+SELECT outcome FROM idem_reserve('kr_a', 'orders', 'fence-5', fingerprint => sha256('f'));
+SELECT idem_complete('kr_a', 'orders', 'fence-5', 200, '{"by": "second"}');
+COMMIT;
+SELECT idem_key, status, response_body FROM idempotency.keys
+ WHERE tenant_id = 'kr_a' AND idem_key IN ('fence-5', 'fence-6') ORDER BY 1;
+
+DELETE FROM idempotency.keys WHERE tenant_id = 'kr_a';
+DELETE FROM idempotency.scopes WHERE scope LIKE 'kr\_%';

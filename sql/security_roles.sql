@@ -1,0 +1,133 @@
+-- Least privilege: who may call what.  Every function of the extension
+-- under a plain role, an application role (idempotency_app), a worker
+-- (idempotency_worker), an operator (idempotency_admin) and a role bound to
+-- one tenant.
+CREATE ROLE sec_plain;
+CREATE ROLE sec_app IN ROLE idempotency_app;
+CREATE ROLE sec_worker IN ROLE idempotency_worker;
+CREATE ROLE sec_admin IN ROLE idempotency_admin;
+CREATE ROLE sec_bound IN ROLE idempotency_app, idempotency_worker;
+CREATE ROLE sec_other IN ROLE idempotency_app;
+
+-- the grants, from the catalog: only the pure functions are PUBLIC's
+SELECT p.oid::regprocedure AS routine,
+       has_function_privilege('sec_plain', p.oid, 'EXECUTE') AS plain,
+       has_function_privilege('sec_app', p.oid, 'EXECUTE') AS app,
+       has_function_privilege('sec_worker', p.oid, 'EXECUTE') AS worker,
+       has_function_privilege('sec_admin', p.oid, 'EXECUTE') AS admin
+  FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass
+  JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
+ WHERE d.deptype = 'e'
+ ORDER BY 1::text;
+SELECT c.oid::regclass AS relation,
+       has_table_privilege('sec_plain', c.oid, 'SELECT') AS plain,
+       has_table_privilege('sec_app', c.oid, 'SELECT') AS app,
+       has_table_privilege('sec_worker', c.oid, 'SELECT') AS worker,
+       has_table_privilege('sec_admin', c.oid, 'SELECT') AS admin,
+       has_table_privilege('pg_monitor', c.oid, 'SELECT') AS monitor
+  FROM pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace
+   AND c.relkind IN ('r', 'v')
+ ORDER BY 1::text;
+SELECT r AS role, has_schema_privilege(r, 'idempotency', 'USAGE') AS schema_usage
+  FROM unnest(ARRAY['sec_plain', 'sec_app', 'sec_worker', 'sec_admin', 'pg_monitor']) AS r;
+
+-- the calls themselves: 'ok' or the SQLSTATE; whatever a call did is undone
+CREATE FUNCTION pg_temp.try_as(r text, stmt text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('role', r, true);
+    EXECUTE stmt;
+    RAISE EXCEPTION 'ok: undo';
+EXCEPTION WHEN OTHERS THEN
+    RETURN CASE WHEN SQLERRM = 'ok: undo' THEN 'ok' ELSE SQLSTATE END;
+END
+$$;
+-- a two-phase reservation and an outbox row to act on
+SELECT lock_token AS tok FROM idem_reserve('sec_t', 'orders', 'held', '{}') \gset
+SELECT outbox_enqueue('sec_t', 'topic', '{}') AS row_id \gset
+-- (:tok and :row_id in a call stand for the reservation's token and the row)
+SELECT call, string_agg(r || '=' || pg_temp.try_as(r,
+           replace(replace(call, ':tok', quote_literal(:'tok')), ':row_id', :'row_id')),
+           ' ' ORDER BY n) AS results
+  FROM unnest(ARRAY['sec_plain', 'sec_app', 'sec_worker', 'sec_admin']) WITH ORDINALITY AS roles(r, n),
+       (VALUES ($$SELECT idem_reserve('sec_t', 'orders', 'new', '{}')$$),
+               ($$SELECT idem_complete('sec_t', 'orders', 'held', 200, '{}', lock_token => :tok)$$),
+               ($$SELECT idem_checkpoint('sec_t', 'orders', 'held', 'p', :tok)$$),
+               ($$SELECT idem_release('sec_t', 'orders', 'held', :tok)$$),
+               ($$SELECT * FROM idem_lookup('sec_t', 'orders', 'held')$$),
+               ($$SELECT outbox_enqueue('sec_t', 'topic', '{}')$$),
+               ($$SELECT * FROM outbox_claim('w', 1)$$),
+               ($$SELECT outbox_ack('sec_t', :row_id, gen_random_uuid())$$),
+               ($$SELECT outbox_nack('sec_t', :row_id, gen_random_uuid(), 'e')$$),
+               ($$SELECT outbox_requeue('sec_t', :row_id)$$),
+               ($$SELECT idem_resolve('sec_t', 'orders', 'held', 200, '{}')$$),
+               ($$SELECT idem_configure_scope('sec_scope', '{"ttl": 60}')$$),
+               ($$SELECT idem_reap()$$),
+               ($$SELECT idem_sweep()$$),
+               ($$SELECT idem_reclaim_leases()$$),
+               ($$SELECT idem_purge_outbox()$$),
+               ($$SELECT idem_bind_tenant('sec_other', 'x')$$),
+               ($$SELECT idem_unbind_tenant('sec_other')$$),
+               ($$SELECT idem_stats_reset()$$),
+               ($$SELECT count(*) FROM idempotency.stats$$),
+               ($$SELECT count(*) FROM idempotency.health$$),
+               ($$SELECT count(*) FROM idempotency.dead_letters$$),
+               ($$SELECT count(*) FROM idempotency.keys$$),
+               ($$SELECT idem_canonical('{"b": 1, "a": 2}')$$),
+               ($$SELECT idem_fingerprint('{}')$$)) AS calls(call)
+ GROUP BY call ORDER BY call;
+-- (idem_maintain is a procedure that commits: see stats_health for the
+-- CALL as an operator and as a plain role)
+
+-- idem_lookup never returns a lock token
+SELECT count(*) AS lookup_columns_named_lock_token
+  FROM pg_proc p, unnest(p.proargnames) AS a
+ WHERE p.oid = 'idem_lookup(text, text, text)'::regprocedure AND a = 'lock_token';
+SET ROLE sec_app;
+SELECT tenant_id, scope, idem_key, status, response_code
+  FROM idem_lookup('sec_t', 'orders', 'held');
+-- fencing: the reservation committed, so another transaction needs its token
+SELECT idem_complete('sec_t', 'orders', 'held', 200, '{"forged": true}');
+SELECT idem_checkpoint('sec_t', 'orders', 'held', 'p');
+SELECT idem_release('sec_t', 'orders', 'held');
+RESET ROLE;
+SELECT status, response_body, recovery_point FROM idempotency.keys
+ WHERE tenant_id = 'sec_t' AND idem_key = 'held';
+
+-- a role bound to a tenant acts for that tenant only, whatever it SETs
+SELECT idem_bind_tenant('sec_bound', 'acme');
+SELECT role, tenant FROM idempotency.tenant_bindings ORDER BY 1::text;
+SELECT outbox_enqueue('sec_t', 'topic', '{"tenant": "sec_t"}') IS NOT NULL AS other_row;
+SELECT outbox_enqueue('acme', 'topic', '{"tenant": "acme"}') IS NOT NULL AS acme_row;
+SET ROLE sec_bound;
+SELECT outcome FROM idem_reserve('acme', 'orders', 'b-1', '{}');
+SELECT outcome FROM idem_reserve('sec_t', 'orders', 'b-1', '{}');
+SET idempotency.tenant = 'sec_t';
+SELECT outcome FROM idem_reserve('sec_t', 'orders', 'b-1', '{}');
+RESET idempotency.tenant;
+SELECT * FROM idem_lookup('sec_t', 'orders', 'held');
+SELECT idem_complete('sec_t', 'orders', 'held', 200, '{}', lock_token => :'tok');
+SELECT outbox_enqueue('sec_t', 'topic', '{}');
+-- a claim naming no tenant takes only the bound tenant's rows
+SELECT tenant_id, payload FROM outbox_claim('bound-worker', 10, topics => '{topic}');
+SELECT * FROM outbox_claim('bound-worker', 10, tenant => 'sec_t');
+SELECT outbox_ack('sec_t', :row_id, gen_random_uuid());
+RESET ROLE;
+-- SET ROLE to another bound role: both bindings apply, so neither tenant
+GRANT sec_bound TO sec_other;
+SELECT idem_bind_tenant('sec_other', 'globex');
+SET SESSION AUTHORIZATION sec_other;
+SELECT outcome FROM idem_reserve('globex', 'orders', 'b-2', '{}');
+SET ROLE sec_bound;
+SELECT outcome FROM idem_reserve('acme', 'orders', 'b-2', '{}');
+RESET ROLE;
+RESET SESSION AUTHORIZATION;
+SELECT idem_unbind_tenant('sec_other') AS unbound, idem_unbind_tenant('sec_other') AS again;
+SELECT pg_temp.try_as('sec_plain', $$SELECT idem_bind_tenant('sec_plain', 'x')$$) AS plain_binds;
+SELECT idem_bind_tenant('sec_bound', '');
+SELECT idem_bind_tenant(NULL, 'x');
+
+DELETE FROM idempotency.keys WHERE tenant_id IN ('sec_t', 'acme', 'globex');
+DELETE FROM idempotency.outbox WHERE tenant_id IN ('sec_t', 'acme');
+DELETE FROM idempotency.tenant_bindings;
+DROP ROLE sec_plain, sec_app, sec_worker, sec_admin, sec_bound, sec_other;

@@ -1,0 +1,188 @@
+# Warm backends.  A session that has already used the key functions and the
+# outbox keeps working when, from another session, the extension's tables
+# and indexes are rebuilt under it (REINDEX, REINDEX CONCURRENTLY, VACUUM
+# FULL, CLUSTER), when the extension is dropped and created again, and when
+# ALTER EXTENSION UPDATE replaces its functions.  The key functions cache
+# the OIDs of idempotency.keys and of its primary key (they probe the index
+# directly): REINDEX CONCURRENTLY gives the index a new OID, and a stale
+# OID made every later call of the warm session fail with XX000 "could not
+# open relation with OID".
+use strict;
+use warnings;
+use IPC::Run;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest qw(new_idem_node);
+
+my $node = new_idem_node('warm_backends');
+$node->safe_psql('postgres', 'CREATE DATABASE old');
+$node->safe_psql('old', "CREATE EXTENSION idempotency VERSION '1.0'");
+
+my $n = 0;
+
+# Run $sql in a background session; returns its output and what it wrote
+# on stderr (errors), then forgets the latter.
+sub run_in
+{
+	my ($session, $sql) = @_;
+	my $out = $session->query($sql);
+	my $err = $session->{stderr};
+	$session->{stderr} = '';
+	return ($out, $err);
+}
+
+# One round of everything in a session: a new key reserved and completed
+# atomically (in one transaction, so no lock_token), its replay and its
+# lookup, a reservation given up, and an outbox message enqueued, claimed
+# and acked.  $request is how the request is passed (the 1.0 and the
+# current API differ).
+sub round
+{
+	my ($session, $label, $request) = @_;
+	$request //= q{'{"n": %d}'::jsonb};
+	$n++;
+	my $req = sprintf($request, $n);
+	my ($out, $err) = run_in($session, <<SQL);
+BEGIN;
+SELECT outcome FROM idem_reserve('warm', 'orders', 'k-$n', $req);
+SELECT idem_complete('warm', 'orders', 'k-$n', 201, '{"id": $n}');
+COMMIT;
+SELECT outcome || ' ' || response_code || ' ' || response_body::text
+  FROM idem_reserve('warm', 'orders', 'k-$n', $req);
+SELECT status || ' ' || response_code FROM idem_lookup('warm', 'orders', 'k-$n');
+BEGIN;
+SELECT outcome FROM idem_reserve('warm', 'orders', 'r-$n', $req);
+SELECT idem_release('warm', 'orders', 'r-$n');
+COMMIT;
+SELECT count(*) FROM idem_lookup('warm', 'orders', 'r-$n');
+SELECT outbox_enqueue('warm', 'topic-$n', '{"n": $n}', 'k-$n', 'orders') > 0;
+SELECT count(outbox_ack(c.tenant_id, c.id, c.lease_token))
+  FROM outbox_claim('warm-worker', 10, topics => ARRAY['topic-$n']) c;
+SELECT status FROM idempotency.outbox WHERE topic = 'topic-$n';
+SQL
+	is($err, '', "$label: no error");
+	is( $out,
+		join("\n",
+			'created', 'succeeded', qq(replay 201 {"id": $n}),
+			'succeeded 201', 'created', '', '0', 't', '1', 'done'),
+		"$label: reserve, complete, replay, lookup, release, enqueue, claim, ack");
+}
+
+my $warm = $node->background_psql('postgres', on_error_stop => 0);
+$warm->set_query_timer_restart();
+round($warm, 'first use');
+
+# Rebuilds under warm sessions, each followed by a round in them: in the
+# long-lived session, which has seen every rebuild so far, and in a session
+# warmed just before this one rebuild (so that each rebuild is checked on
+# its own).  Only the REINDEX ... CONCURRENTLY forms give keys_pkey a new
+# OID; the others keep the OIDs and change the relfilenode.
+for my $ddl (
+	'REINDEX INDEX CONCURRENTLY idempotency.keys_pkey',
+	'REINDEX TABLE idempotency.keys',
+	'REINDEX TABLE CONCURRENTLY idempotency.keys',
+	'REINDEX TABLE CONCURRENTLY idempotency.outbox',
+	'REINDEX INDEX idempotency.keys_expires_at_idx',
+	'VACUUM FULL idempotency.keys',
+	'CLUSTER idempotency.keys USING keys_pkey',
+	'VACUUM FULL idempotency.outbox',
+	'REINDEX SCHEMA CONCURRENTLY idempotency',
+	'VACUUM FULL idempotency.scopes')
+{
+	my $fresh = $node->background_psql('postgres', on_error_stop => 0);
+	$fresh->set_query_timer_restart();
+	round($fresh, "before $ddl, fresh session");
+	$node->safe_psql('postgres', $ddl);
+	round($fresh, "after $ddl, fresh session");
+	round($warm, "after $ddl");
+	$fresh->quit;
+}
+is( $node->safe_psql('postgres', q{
+SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+ WHERE i.indrelid = 'idempotency.keys'::regclass AND NOT (i.indisvalid AND i.indisready)}),
+	'0', 'no invalid index left behind');
+
+# a scope policy changed from another session is seen, and survives a rebuild
+$node->safe_psql('postgres',
+	q{SELECT idem_configure_scope('orders', '{"cache_server_errors": true}')});
+$node->safe_psql('postgres', 'REINDEX INDEX CONCURRENTLY idempotency.keys_pkey');
+my ($out, $err) = run_in($warm, q{
+BEGIN;
+SELECT outcome FROM idem_reserve('warm', 'orders', 'e-1', '{}'::jsonb);
+SELECT idem_complete('warm', 'orders', 'e-1', 503, '{}');
+COMMIT;
+SELECT outcome || ' ' || http_status FROM idem_reserve('warm', 'orders', 'e-1', '{}'::jsonb);});
+is($err, '', 'scope change and rebuild: no error');
+is($out, "created\nfailed\nreplay 503", 'scope change and rebuild: the 5xx is cached');
+$node->safe_psql('postgres', q{DELETE FROM idempotency.scopes WHERE scope = 'orders'});
+
+# the extension dropped and created again, in the warm session itself
+($out, $err) = run_in($warm,
+	'DROP EXTENSION idempotency; CREATE EXTENSION idempotency;');
+is($err, '', 'DROP and CREATE EXTENSION in the warm session');
+round($warm, 'after DROP and CREATE EXTENSION in the session');
+
+# and from another session
+$node->safe_psql('postgres',
+	'DROP EXTENSION idempotency; CREATE EXTENSION idempotency;');
+round($warm, 'after DROP and CREATE EXTENSION elsewhere');
+
+# a rebuild racing the warm session: REINDEX CONCURRENTLY in a loop in
+# another session while the warm session goes on with its rounds
+my ($rout, $rerr) = ('', '');
+my $reindexer = IPC::Run::start(
+	[
+		$node->installed_command('psql'), '-XAtq', '-v', 'ON_ERROR_STOP=1',
+		'-d', $node->connstr('postgres'),
+		map { ('-c', 'REINDEX INDEX CONCURRENTLY idempotency.keys_pkey') } 1 .. 8
+	],
+	'>', \$rout, '2>', \$rerr);
+my $rounds = 0;
+my $failed = 0;
+while ($rounds < 100)
+{
+	$n++;
+	($out, $err) = run_in($warm, <<SQL);
+BEGIN;
+SELECT outcome FROM idem_reserve('warm', 'race', 'k-$n', '{}'::jsonb);
+SELECT idem_complete('warm', 'race', 'k-$n', 200, '{}');
+COMMIT;
+SELECT outcome FROM idem_reserve('warm', 'race', 'k-$n', '{}'::jsonb);
+SQL
+	$rounds++;
+	if ($err ne '' || $out ne "created\nsucceeded\nreplay")
+	{
+		$failed++;
+		diag("round $rounds during REINDEX CONCURRENTLY: $out $err");
+	}
+	last unless $reindexer->pumpable;
+	$reindexer->pump_nb;
+}
+$reindexer->finish;
+is($rerr, '', 'the concurrent REINDEX loop ran');
+is($failed, 0, "$rounds rounds racing REINDEX CONCURRENTLY all worked");
+
+$warm->quit;
+
+# ALTER EXTENSION UPDATE under a warm session: a database on 1.0, used
+# through the 1.0 API (the jsonb overload of idem_reserve)
+my $old = $node->background_psql('old', on_error_stop => 0);
+$old->set_query_timer_restart();
+round($old, 'version 1.0');
+$node->safe_psql('old', 'ALTER EXTENSION idempotency UPDATE');
+isnt($node->safe_psql('old',
+		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
+	'1.0', 'updated');
+# the current API: one signature, an untyped request literal, and the
+# fingerprint by name
+round($old, 'after ALTER EXTENSION UPDATE, untyped request', q{'{"n": %d}'});
+round($old, 'after ALTER EXTENSION UPDATE, fingerprint',
+	q{fingerprint => sha256('%d')});
+($out, $err) = run_in($old,
+	q{SELECT count(*) FROM idem_lookup('warm', 'orders', 'k-1') WHERE lock_token IS NULL});
+like($err, qr/column "lock_token" does not exist/,
+	'after the update idem_lookup no longer returns lock_token');
+$old->quit;
+
+$node->stop;
+done_testing();

@@ -1,0 +1,67 @@
+# Two-phase commit: a transaction that enqueued (with idempotency.outbox_notify
+# on, the default) can be prepared.  PostgreSQL refuses to PREPARE a
+# transaction that executed NOTIFY, so the extension sends its NOTIFY at
+# commit only; a prepared transaction sends none, and its rows are claimed
+# once COMMIT PREPARED makes them visible.  Needs max_prepared_transactions,
+# which the regression cluster does not set.
+use strict;
+use warnings;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest qw(new_idem_node);
+
+my $node = new_idem_node('outbox_prepare',
+	conf => "max_prepared_transactions = 2\n");
+
+# the listener is the enqueuing session itself: psql prints the
+# notifications it receives after each statement
+my ($ret, $out, $err) = $node->psql(
+	'postgres', q{
+	LISTEN idempotency_outbox;
+	BEGIN;
+	SELECT outbox_enqueue('t2pc', 'obx.prepared', '{"n": 1}', 'k-1') > 0;
+	PREPARE TRANSACTION 'obx_2pc';
+	SELECT 'after prepare';
+});
+is($ret, 0, 'a transaction that enqueued can be prepared');
+is($err, '', 'without an error');
+unlike($out, qr/Asynchronous notification/, 'a prepared transaction does not notify');
+is($node->safe_psql('postgres',
+		"SELECT count(*) FROM idempotency.outbox WHERE tenant_id = 't2pc'"),
+	'0', 'the row is invisible until COMMIT PREPARED');
+
+$node->safe_psql('postgres', "COMMIT PREPARED 'obx_2pc'");
+my $claimed = $node->safe_psql('postgres',
+	"SELECT topic || ' ' || idem_key FROM outbox_claim('worker-2pc', 10, '1 minute', tenant => 't2pc')"
+);
+is($claimed, 'obx.prepared k-1', 'COMMIT PREPARED makes the row claimable');
+$node->safe_psql('postgres',
+	"SELECT outbox_ack(tenant_id, id, lease_token) FROM idempotency.outbox WHERE tenant_id = 't2pc'"
+);
+
+# a prepared transaction that is rolled back leaves nothing
+$node->safe_psql(
+	'postgres', q{
+	BEGIN;
+	SELECT outbox_enqueue('t2pc', 'obx.prepared', '{"n": 2}');
+	PREPARE TRANSACTION 'obx_2pc_rollback';
+});
+$node->safe_psql('postgres', "ROLLBACK PREPARED 'obx_2pc_rollback'");
+is($node->safe_psql('postgres',
+		"SELECT string_agg(status::text, ',') FROM idempotency.outbox WHERE tenant_id = 't2pc'"),
+	'done', 'ROLLBACK PREPARED leaves no row');
+
+# a plain commit still notifies, once per topic, after the commit
+$out = $node->safe_psql(
+	'postgres', q{
+	LISTEN idempotency_outbox;
+	BEGIN;
+	SELECT outbox_enqueue('t2pc', 'obx.plain', '{}') > 0;
+	SELECT outbox_enqueue('t2pc', 'obx.plain', '{}') > 0;
+	COMMIT;
+});
+my @notes = ($out =~ /Asynchronous notification "idempotency_outbox" with payload "([^"]*)"/g);
+is_deeply(\@notes, ['obx.plain'], 'a committed transaction notifies once per topic');
+
+$node->stop;
+done_testing();
