@@ -65,8 +65,10 @@
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/latch.h"
+#include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "storage/proc.h"
+#include "storage/sinval.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/fmgroids.h"
@@ -931,6 +933,47 @@ keys_new_token(pg_uuid_t *token)
 }
 
 /*
+ * Open keys_pkey, locked with AccessShareLock.
+ *
+ * REINDEX CONCURRENTLY replaces the index by a new one (a new OID) under the
+ * same name and then drops the old one, and the invalidation saying so may
+ * arrive only when a lock is taken, after keys_ensure_cache: so look the name
+ * up again once an invalidation has flagged the cache, lock the index by OID,
+ * and if invalidations arrived while locking, look again until the name
+ * still leads to the index locked (as RangeVarGetRelidExtended does).  The
+ * cache itself is left for keys_ensure_cache to rebuild at the next call:
+ * the caller may still be using it.
+ */
+static Relation
+keys_open_pkey(void)
+{
+	Oid			relid;
+	Oid			locked = InvalidOid;
+
+	for (;;)
+	{
+		uint64		inval_count = SharedInvalidMessageCounter;
+
+		if (keys_cache_valid && !OidIsValid(locked))
+			relid = keys_pkey_relid;
+		else
+			relid = get_relname_relid("keys_pkey",
+									  get_rel_namespace(keys_relid));
+		if (!OidIsValid(relid))
+			elog(ERROR, "index idempotency.keys_pkey not found");
+		if (relid == locked)
+			break;
+		if (OidIsValid(locked))
+			UnlockRelationOid(locked, AccessShareLock);
+		LockRelationOid(relid, AccessShareLock);
+		locked = relid;
+		if (inval_count == SharedInvalidMessageCounter)
+			break;
+	}
+	return index_open(relid, NoLock);
+}
+
+/*
  * Fetch the key's row into *row (palloc'd in the current context).
  *
  * This is the hot read of every call, so it probes keys_pkey directly, as
@@ -960,7 +1003,7 @@ keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
 								GetTransactionSnapshot());
 	heap = table_open(keys_relid, AccessShareLock);
-	index = index_open(keys_pkey_relid, AccessShareLock);
+	index = keys_open_pkey();
 	for (i = 0; i < 3; i++)
 		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber,
 							   InvalidOid, index->rd_indcollation[i],
