@@ -52,7 +52,7 @@ idempotency--$(EXTVERSION).sql: $(INSTALL_PARTS)
 	cat $^ > $@
 
 # Set-up and walk-through on a Debian 12 machine (as root).
-.PHONY: demo test deps bench fuzz check-valgrind
+.PHONY: demo test crash deps bench fuzz check-valgrind
 deps:
 	bash scripts/deps.sh
 
@@ -62,6 +62,11 @@ demo:
 # PG=17 or PG=18 tests that version (scripts/lib.sh); the default is 15
 test:
 	PG='$(PG)' bash scripts/test.sh
+
+# The failover test and the crash injection test alone, with more crashes
+# (CRASHES=N, default 60) than "make test" injects.
+crash:
+	bash scripts/crash.sh
 
 bench:
 	bash bench/run.sh

@@ -18,17 +18,23 @@
 
 #include <limits.h>
 
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/stratnum.h"
+#include "access/table.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
+#include "utils/fmgroids.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/rel.h"
 
 #include "idempotency.h"
 
@@ -95,7 +101,6 @@ static Oid	binding_outer_user = InvalidOid;
 static char *binding_tenant = NULL; /* in TopMemoryContext; NULL: unbound */
 static char *binding_role = NULL;	/* the bound role's name, for messages */
 static bool binding_conflict = false;	/* two bindings to different tenants */
-static SPIPlanPtr plan_binding = NULL;
 
 static void
 binding_relcache_callback(Datum arg, Oid relid)
@@ -105,25 +110,37 @@ binding_relcache_callback(Datum arg, Oid relid)
 		binding_valid = false;
 }
 
-/* The tenant "role" is bound to, palloc'd, or NULL.  Between SPI calls. */
+/*
+ * The tenant "role" is bound to, palloc'd, or NULL.  Read through the
+ * primary key like a catalog, without the caller's privileges: every
+ * function checks bindings, including those (the stats) that do not run
+ * with the extension owner's rights.
+ */
 static char *
-binding_of(Oid role)
+binding_of(Oid role, Oid indexid)
 {
-	Oid			argtypes[1] = {OIDOID};
-	Datum		values[1];
-	bool		isnull;
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	char	   *tenant = NULL;
 
-	idem_saved_plan(&plan_binding,
-					"SELECT tenant FROM idempotency.tenant_bindings"
-					" WHERE role OPERATOR(pg_catalog.=) $1::pg_catalog.regrole",
-					1, argtypes, 0);
-	values[0] = ObjectIdGetDatum(role);
-	idem_spi_execute(plan_binding, values, NULL, true, 1);
-	if (SPI_processed == 0)
-		return NULL;
-	return TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
-											 SPI_tuptable->tupdesc, 1,
-											 &isnull));
+	rel = table_open(binding_relid, AccessShareLock);
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(role));
+	scan = systable_beginscan(rel, indexid, true, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tuple, 2, RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			tenant = TextDatumGetCString(d);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return tenant;
 }
 
 /* Load the binding of the current (session user, outer user) pair. */
@@ -133,6 +150,7 @@ binding_load(void)
 	Oid			session_user = GetSessionUserId();
 	Oid			outer_user = GetOuterUserId();
 	Oid			nsp;
+	Oid			indexid;
 	char	   *tenant = NULL;
 	char	   *role = NULL;
 	bool		conflict = false;
@@ -148,8 +166,9 @@ binding_load(void)
 	}
 	nsp = get_namespace_oid("idempotency", false);
 	binding_relid = get_relname_relid("tenant_bindings", nsp);
+	indexid = get_relname_relid("tenant_bindings_pkey", nsp);
 	binding_valid = true;
-	if (!OidIsValid(binding_relid))
+	if (!OidIsValid(binding_relid) || !OidIsValid(indexid))
 	{
 		/* version 1.0 of the SQL objects: no bindings yet */
 		binding_session_user = session_user;
@@ -158,13 +177,12 @@ binding_load(void)
 		return;
 	}
 
-	idem_spi_connect();
-	tenant = binding_of(session_user);
+	tenant = binding_of(session_user, indexid);
 	if (tenant != NULL)
 		role = GetUserNameFromId(session_user, false);
 	if (outer_user != session_user)
 	{
-		char	   *outer_tenant = binding_of(outer_user);
+		char	   *outer_tenant = binding_of(outer_user, indexid);
 
 		if (outer_tenant != NULL)
 		{
@@ -185,7 +203,6 @@ binding_load(void)
 	binding_conflict = conflict;
 	binding_session_user = session_user;
 	binding_outer_user = outer_user;
-	SPI_finish();
 }
 
 /*
@@ -339,17 +356,65 @@ idem_spi_execute(SPIPlanPtr plan, Datum *values, const char *nulls,
 }
 
 /*
- * Refuse a NULL argument with 22004, naming it: functions are not STRICT,
- * so that a NULL is an error with a hint instead of a silent NULL.
+ * A NULL argument is 22004, naming it: functions are not STRICT, so that a
+ * NULL is an error with a hint instead of a silent NULL.
  */
+void
+idem_null_argument(const char *name)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+			 errmsg("%s must not be null", name),
+			 errhint("Pass a non-null %s.", name)));
+}
+
 void
 idem_require_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 {
 	if (PG_ARGISNULL(argno))
+		idem_null_argument(name);
+}
+
+/*
+ * idem_check_key
+ *		An idempotency key is present (22004), at most IDEM_MAX_KEY_LEN bytes
+ *		(22001) and printable ASCII (22021): the one rule for every function
+ *		that takes a key.
+ */
+void
+idem_check_key(text *key)
+{
+	const char *p;
+	int			len;
+	int			i;
+
+	if (key == NULL || VARSIZE_ANY_EXHDR(key) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", name),
-				 errhint("Pass a non-null %s.", name)));
+				 errmsg("idempotency key is missing"),
+				 errhint("Send an idempotency key with every request that must not run twice, and answer requests without one with HTTP 400.")));
+	p = VARDATA_ANY(key);
+	len = VARSIZE_ANY_EXHDR(key);
+	if (len > IDEM_MAX_KEY_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("idempotency key is too long"),
+				 errdetail("The key is %d bytes long; at most %d are allowed.",
+						   len, IDEM_MAX_KEY_LEN),
+				 errhint("Use a UUID or another identifier of at most %d printable ASCII characters.",
+						 IDEM_MAX_KEY_LEN)));
+	for (i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) p[i];
+
+		if (c < 0x20 || c > 0x7e)
+			ereport(ERROR,
+					(errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE),
+					 errmsg("idempotency key contains a non-printable character"),
+					 errdetail("Byte %d of the key is 0x%02x; only printable ASCII (0x20 to 0x7E) is allowed.",
+							   i + 1, c),
+					 errhint("Use a UUID or another identifier made of printable ASCII characters.")));
+	}
 }
 
 void

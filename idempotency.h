@@ -73,8 +73,15 @@ extern int	idem_spi_execute(struct _SPI_plan *plan, Datum *values,
 							 const char *nulls, bool read_only, long count);
 
 /* A NULL argument "name" is an error (22004) with a hint. */
+extern void idem_null_argument(const char *name) pg_attribute_noreturn();
 extern void idem_require_arg(FunctionCallInfo fcinfo, int argno,
 							 const char *name);
+
+/*
+ * An idempotency key: present (22004), at most IDEM_MAX_KEY_LEN bytes
+ * (22001), printable ASCII (22021).  NULL counts as missing.
+ */
+extern void idem_check_key(text *key);
 
 /*
  * The saved SPI plan of "sql" in *cache, prepared (with cursor_options,

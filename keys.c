@@ -65,10 +65,8 @@
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/latch.h"
-#include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "storage/proc.h"
-#include "storage/sinval.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/fmgroids.h"
@@ -78,6 +76,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/relcache.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
@@ -98,7 +97,7 @@
 #define RETRY_AFTER_MAX		60
 
 /* Longest ttl and wait accepted. */
-#define MAX_TTL_USECS	((int64) 1000 * 365 * USECS_PER_DAY)
+#define MAX_TTL_USECS	((int64) 1000 * MONTHS_PER_YEAR * DAYS_PER_MONTH * USECS_PER_DAY)
 #define MAX_WAIT_USECS	((int64) USECS_PER_DAY)
 
 /* Attempts before giving up when a conflicting row vanishes under us. */
@@ -297,9 +296,10 @@ keys_relcache_callback(Datum arg, Oid relid)
 	(void) arg;
 
 	/*
-	 * The table, its primary key (REINDEX CONCURRENTLY, VACUUM FULL and
-	 * CLUSTER give it a new OID), the scopes table and the reservation
-	 * type: when any of them changes, look everything up again.
+	 * The table, its primary key (REINDEX CONCURRENTLY gives it a new OID;
+	 * DROP and CREATE EXTENSION new OIDs for everything), the scopes table
+	 * and the reservation type: when any of them changes, look everything
+	 * up again.
 	 */
 	if (relid == InvalidOid || relid == scopes_relid || relid == keys_relid ||
 		relid == keys_pkey_relid || relid == reservation_relid)
@@ -340,6 +340,12 @@ keys_type_oid(Oid nsp, const char *name)
 static void
 keys_ensure_cache(void)
 {
+	/*
+	 * A transaction applies invalidations only when it starts and when it
+	 * locks a relation: apply those that arrived since (a scope changed, an
+	 * index rebuilt) before trusting the cache.
+	 */
+	AcceptInvalidationMessages();
 	while (!keys_cache_valid)
 	{
 		uint64		start = keys_inval_count;
@@ -408,15 +414,6 @@ keys_ensure_cache(void)
  * ----------------------------------------------------------------
  */
 
-static void
-keys_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only)
-{
-	int			rc = SPI_execute_plan(plan, values, nulls, read_only, 0);
-
-	if (rc < 0)
-		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-}
-
 #define KEY_WHERE \
 	" WHERE tenant_id = $1 AND scope = $2 AND idem_key = $3"
 
@@ -424,54 +421,6 @@ keys_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only)
  * Argument checks (all run before anything is written)
  * ----------------------------------------------------------------
  */
-
-static void
-keys_null_argument(const char *name)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-			 errmsg("%s must not be null", name),
-			 errhint("Pass a non-null %s.", name)));
-}
-
-/*
- * Check the key: present, at most IDEM_MAX_KEY_LEN bytes, printable ASCII.
- */
-static void
-keys_check_key(text *key)
-{
-	const char *p;
-	int			len;
-	int			i;
-
-	if (key == NULL || VARSIZE_ANY_EXHDR(key) == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("idempotency key is missing"),
-				 errhint("Send an idempotency key with every request that must not run twice, and answer requests without one with HTTP 400.")));
-	p = VARDATA_ANY(key);
-	len = VARSIZE_ANY_EXHDR(key);
-	if (len > IDEM_MAX_KEY_LEN)
-		ereport(ERROR,
-				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
-				 errmsg("idempotency key is too long"),
-				 errdetail("The key is %d bytes long; at most %d are allowed.",
-						   len, IDEM_MAX_KEY_LEN),
-				 errhint("Use a UUID or another identifier of at most %d printable ASCII characters.",
-						 IDEM_MAX_KEY_LEN)));
-	for (i = 0; i < len; i++)
-	{
-		unsigned char c = (unsigned char) p[i];
-
-		if (c < 0x20 || c > 0x7e)
-			ereport(ERROR,
-					(errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE),
-					 errmsg("idempotency key contains a non-printable character"),
-					 errdetail("Byte %d of the key is 0x%02x; only printable ASCII (0x20 to 0x7E) is allowed.",
-							   i + 1, c),
-					 errhint("Use a UUID or another identifier made of printable ASCII characters.")));
-	}
-}
 
 /*
  * Check and collect tenant ($1), scope ($2) and key ($3) of a call whose
@@ -484,13 +433,13 @@ keys_ident_from_args(FunctionCallInfo fcinfo, KeyIdent *id)
 	text	   *key;
 
 	if (PG_ARGISNULL(0))
-		keys_null_argument("tenant");
+		idem_null_argument("tenant");
 	id->tenant = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	idem_check_tenant(id->tenant);
 	if (PG_ARGISNULL(1))
-		keys_null_argument("scope");
+		idem_null_argument("scope");
 	key = PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2);
-	keys_check_key(key);
+	idem_check_key(key);
 
 	id->scope = text_to_cstring(PG_GETARG_TEXT_PP(1));
 	id->key = text_to_cstring(key);
@@ -553,7 +502,7 @@ keys_check_response(FunctionCallInfo fcinfo, int code_arg, int body_arg,
 	Size		size;
 
 	if (PG_ARGISNULL(code_arg))
-		keys_null_argument("response_code");
+		idem_null_argument("response_code");
 	code = PG_GETARG_INT32(code_arg);
 	if (code < 100 || code > 599)
 		ereport(ERROR,
@@ -933,47 +882,6 @@ keys_new_token(pg_uuid_t *token)
 }
 
 /*
- * Open keys_pkey, locked with AccessShareLock.
- *
- * REINDEX CONCURRENTLY replaces the index by a new one (a new OID) under the
- * same name and then drops the old one, and the invalidation saying so may
- * arrive only when a lock is taken, after keys_ensure_cache: so look the name
- * up again once an invalidation has flagged the cache, lock the index by OID,
- * and if invalidations arrived while locking, look again until the name
- * still leads to the index locked (as RangeVarGetRelidExtended does).  The
- * cache itself is left for keys_ensure_cache to rebuild at the next call:
- * the caller may still be using it.
- */
-static Relation
-keys_open_pkey(void)
-{
-	Oid			relid;
-	Oid			locked = InvalidOid;
-
-	for (;;)
-	{
-		uint64		inval_count = SharedInvalidMessageCounter;
-
-		if (keys_cache_valid && !OidIsValid(locked))
-			relid = keys_pkey_relid;
-		else
-			relid = get_relname_relid("keys_pkey",
-									  get_rel_namespace(keys_relid));
-		if (!OidIsValid(relid))
-			elog(ERROR, "index idempotency.keys_pkey not found");
-		if (relid == locked)
-			break;
-		if (OidIsValid(locked))
-			UnlockRelationOid(locked, AccessShareLock);
-		LockRelationOid(relid, AccessShareLock);
-		locked = relid;
-		if (inval_count == SharedInvalidMessageCounter)
-			break;
-	}
-	return index_open(relid, NoLock);
-}
-
-/*
  * Fetch the key's row into *row (palloc'd in the current context).
  *
  * This is the hot read of every call, so it probes keys_pkey directly, as
@@ -1003,7 +911,17 @@ keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
 								GetTransactionSnapshot());
 	heap = table_open(keys_relid, AccessShareLock);
-	index = keys_open_pkey();
+
+	/*
+	 * The primary key as the relcache knows it once the table is locked:
+	 * locking processed the invalidations, so an index that REINDEX
+	 * CONCURRENTLY just replaced is not opened by its old OID.
+	 */
+#if PG_VERSION_NUM >= 180000
+	index = index_open(RelationGetPrimaryKeyIndex(heap, false), AccessShareLock);
+#else
+	index = index_open(RelationGetPrimaryKeyIndex(heap), AccessShareLock);
+#endif
 	for (i = 0; i < 3; i++)
 		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber,
 							   InvalidOid, index->rd_indcollation[i],
@@ -1081,7 +999,7 @@ reserve_insert(Datum *values)
 					" created_at, expires_at)"
 					" VALUES ($1, $2, $3, $4, $5, $6, $6, $7)",
 					7, argtypes, 0);
-	keys_exec(plan_insert, values, NULL, false);
+	idem_spi_execute(plan_insert, values, NULL, false, 0);
 }
 
 /*
@@ -1101,7 +1019,7 @@ reserve_renew(Datum *values)
 					" needs_reconciliation = false, created_at = $6,"
 					" completed_at = NULL, expires_at = $7" KEY_WHERE,
 					7, argtypes, 0);
-	keys_exec(plan_renew, values, NULL, false);
+	idem_spi_execute(plan_renew, values, NULL, false, 0);
 	return SPI_processed == 1;
 }
 
@@ -1133,7 +1051,7 @@ reserve_takeover(KeyIdent *id, const KeyRow *row, Datum *newvalues)
 	values[5] = newvalues[6];
 	values[6] = UUIDPGetDatum(&row->token);
 	nulls[6] = row->has_token ? ' ' : 'n';
-	keys_exec(plan_takeover, values, nulls, false);
+	idem_spi_execute(plan_takeover, values, nulls, false, 0);
 	return SPI_processed == 1;
 }
 
@@ -1146,7 +1064,7 @@ reserve_flag_stale(KeyIdent *id)
 					"UPDATE idempotency.keys SET needs_reconciliation = true"
 					KEY_WHERE,
 					3, argtypes, 0);
-	keys_exec(plan_flag, id->values, NULL, false);
+	idem_spi_execute(plan_flag, id->values, NULL, false, 0);
 }
 
 /*
@@ -1695,7 +1613,7 @@ keys_finish(KeyIdent *id, int32 code, Datum body, bool body_null,
 							4, argtypes, 0);
 			values[3] = UUIDPGetDatum(token);
 			nulls[3] = token == NULL ? 'n' : ' ';
-			keys_exec(plan_delete, values, nulls, false);
+			idem_spi_execute(plan_delete, values, nulls, false, 0);
 			if (SPI_processed == 0)
 				keys_explain_no_match(id, token, action);
 			idem_stats_count(id->tenant, id->scope, IDEM_STAT_RELEASED, 1);
@@ -1724,10 +1642,10 @@ keys_finish(KeyIdent *id, int32 code, Datum body, bool body_null,
 		nulls[5] = body_null ? 'n' : ' ';
 		values[6] = headers;
 		nulls[6] = headers_null ? 'n' : ' ';
-		values[7] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+		values[7] = TimestampTzGetDatum(GetCurrentTimestamp());
 		values[8] = UUIDPGetDatum(token);
 		nulls[8] = token == NULL ? 'n' : ' ';
-		keys_exec(plan_complete, values, nulls, false);
+		idem_spi_execute(plan_complete, values, nulls, false, 0);
 		if (SPI_processed == 0)
 			keys_explain_no_match(id, token, action);
 		idem_stats_count(id->tenant, id->scope, IDEM_STAT_COMPLETED, 1);
@@ -1811,7 +1729,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 
 	keys_ident_from_args(fcinfo, &id);
 	if (PG_ARGISNULL(3))
-		keys_null_argument("recovery_point");
+		idem_null_argument("recovery_point");
 	token = PG_ARGISNULL(4) ? NULL : PG_GETARG_UUID_P(4);
 
 	keys_ensure_cache();
@@ -1829,7 +1747,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	values[4] = TimestampTzGetDatum(GetCurrentTimestamp());
 	values[5] = UUIDPGetDatum(token);
 	nulls[5] = ' ';
-	keys_exec(plan_checkpoint, values, nulls, false);
+	idem_spi_execute(plan_checkpoint, values, nulls, false, 0);
 	if (SPI_processed == 0)
 		keys_explain_no_match(&id, token, "checkpoint");
 	SPI_finish();
@@ -1864,7 +1782,7 @@ idem_release(PG_FUNCTION_ARGS)
 					4, argtypes, 0);
 	memcpy(values, id.values, sizeof(id.values));
 	values[3] = UUIDPGetDatum(token);
-	keys_exec(plan_delete, values, nulls, false);
+	idem_spi_execute(plan_delete, values, nulls, false, 0);
 	if (SPI_processed == 0)
 		keys_explain_no_match(&id, token, "release");
 	idem_stats_count(id.tenant, id.scope, IDEM_STAT_RELEASED, 1);
@@ -1897,7 +1815,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 	idem_saved_plan(&plan_lookup,
 					"SELECT * FROM idempotency.keys" KEY_WHERE,
 					3, argtypes, 0);
-	keys_exec(plan_lookup, id.values, NULL, true);
+	idem_spi_execute(plan_lookup, id.values, NULL, true, 0);
 	if (SPI_processed > 0)
 	{
 		TupleDesc	outdesc = rsinfo->setDesc;

@@ -911,29 +911,17 @@ idem_stats(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	TupleDesc	tupdesc;
 	Tuplestorestate *tupstore;
-	MemoryContext oldcontext;
 	HASH_SEQ_STATUS hash_seq;
 	IdemStatsEntry *entry;
+	const char *bound;
 
 	idem_stats_require_shmem();
 
-	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
-		(rsinfo->allowedModes & SFRM_Materialize) == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("set-valued function called in context that cannot accept a set"),
-				 errhint("Call idem_stats() in the FROM clause, or read the idempotency.stats view.")));
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
-
-	oldcontext = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
-	tupdesc = CreateTupleDescCopy(tupdesc);
-	tupstore = tuplestore_begin_heap(true, false, work_mem);
-	MemoryContextSwitchTo(oldcontext);
-
-	rsinfo->returnMode = SFRM_Materialize;
-	rsinfo->setResult = tupstore;
-	rsinfo->setDesc = tupdesc;
+	/* a role bound to a tenant sees that tenant's rows only */
+	bound = idem_bound_tenant();
+	SetSingleFuncCall(fcinfo, 0);
+	tupstore = rsinfo->setResult;
+	tupdesc = rsinfo->setDesc;
 
 	LWLockAcquire(idem_stats_state->lock, LW_SHARED);
 	hash_seq_init(&hash_seq, idem_stats_hash);
@@ -942,11 +930,14 @@ idem_stats(PG_FUNCTION_ARGS)
 		/* other databases' tenants are none of this database's business */
 		if (entry->key.dbid != MyDatabaseId)
 			continue;
+		if (bound != NULL && strcmp(entry->key.tenant, bound) != 0)
+			continue;
 		(void) idem_stats_put_row(tupstore, tupdesc, entry->key.tenant,
 								  entry->key.scope, entry->counters, false);
 	}
-	(void) idem_stats_put_row(tupstore, tupdesc, IDEM_STATS_OTHER,
-							  IDEM_STATS_OTHER, idem_stats_state->other, true);
+	if (bound == NULL)
+		(void) idem_stats_put_row(tupstore, tupdesc, IDEM_STATS_OTHER,
+								  IDEM_STATS_OTHER, idem_stats_state->other, true);
 	LWLockRelease(idem_stats_state->lock);
 
 	return (Datum) 0;

@@ -115,9 +115,10 @@ SELECT interval '-100 years 36100 days' > interval '0' AS looks_positive;
 SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-8', ttl => '-100 years 36100 days', fingerprint => sha256('b'))$$);
 RESET statement_timeout;
 SELECT count(*) - :rows_before AS new_rows FROM idempotency.keys WHERE tenant_id = 'kr_a';
--- the limits themselves are accepted
-SELECT outcome, expires_at > now() + interval '365000 days' - interval '1 minute' AS far
-  FROM idem_reserve('kr_a', 'orders', 'b-max', ttl => '365000 days', wait => '1 day', fingerprint => sha256('b'));
+-- the limits themselves are accepted; just past 1000 years is not
+SELECT outcome, expires_at > now() + interval '1000 years' - interval '1 minute' AS far
+  FROM idem_reserve('kr_a', 'orders', 'b-max', ttl => '1000 years', wait => '1 day', fingerprint => sha256('b'));
+SELECT pg_temp.err($$SELECT idem_reserve('kr_a', 'orders', 'b-9', ttl => '1000 years 1 day', fingerprint => sha256('b'))$$);
 
 --
 -- Fencing: a two-phase reservation, committed by its own transaction, is

@@ -113,6 +113,13 @@ SELECT tenant_id, payload FROM outbox_claim('bound-worker', 10, topics => '{topi
 SELECT * FROM outbox_claim('bound-worker', 10, tenant => 'sec_t');
 SELECT outbox_ack('sec_t', :row_id, gen_random_uuid());
 RESET ROLE;
+-- granted pg_monitor, a bound role reads the statistics of its tenant only
+GRANT pg_monitor TO sec_bound;
+SELECT outcome FROM idem_reserve('globex', 'orders', 'stats-1', '{}');
+SELECT DISTINCT tenant FROM idempotency.stats ORDER BY 1;
+SET ROLE sec_bound;
+SELECT DISTINCT tenant FROM idempotency.stats ORDER BY 1;
+RESET ROLE;
 -- SET ROLE to another bound role: both bindings apply, so neither tenant
 GRANT sec_bound TO sec_other;
 SELECT idem_bind_tenant('sec_other', 'globex');

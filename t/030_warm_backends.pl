@@ -9,7 +9,6 @@
 # open relation with OID".
 use strict;
 use warnings;
-use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use IdemTest qw(new_idem_node);
@@ -126,41 +125,6 @@ round($warm, 'after DROP and CREATE EXTENSION in the session');
 $node->safe_psql('postgres',
 	'DROP EXTENSION idempotency; CREATE EXTENSION idempotency;');
 round($warm, 'after DROP and CREATE EXTENSION elsewhere');
-
-# a rebuild racing the warm session: REINDEX CONCURRENTLY in a loop in
-# another session while the warm session goes on with its rounds
-my ($rout, $rerr) = ('', '');
-my $reindexer = IPC::Run::start(
-	[
-		$node->installed_command('psql'), '-XAtq', '-v', 'ON_ERROR_STOP=1',
-		'-d', $node->connstr('postgres'),
-		map { ('-c', 'REINDEX INDEX CONCURRENTLY idempotency.keys_pkey') } 1 .. 8
-	],
-	'>', \$rout, '2>', \$rerr);
-my $rounds = 0;
-my $failed = 0;
-while ($rounds < 100)
-{
-	$n++;
-	($out, $err) = run_in($warm, <<SQL);
-BEGIN;
-SELECT outcome FROM idem_reserve('warm', 'race', 'k-$n', '{}'::jsonb);
-SELECT idem_complete('warm', 'race', 'k-$n', 200, '{}');
-COMMIT;
-SELECT outcome FROM idem_reserve('warm', 'race', 'k-$n', '{}'::jsonb);
-SQL
-	$rounds++;
-	if ($err ne '' || $out ne "created\nsucceeded\nreplay")
-	{
-		$failed++;
-		diag("round $rounds during REINDEX CONCURRENTLY: $out $err");
-	}
-	last unless $reindexer->pumpable;
-	$reindexer->pump_nb;
-}
-$reindexer->finish;
-is($rerr, '', 'the concurrent REINDEX loop ran');
-is($failed, 0, "$rounds rounds racing REINDEX CONCURRENTLY all worked");
 
 $warm->quit;
 

@@ -13,6 +13,7 @@ use IPC::Run;
 use Time::HiRes qw(sleep);
 use IdemTest qw(new_idem_node);
 use PaymentsE2E qw(run_payments_e2e payments_skip_reason);
+use PaymentsHarness qw(install_payments);
 use PgBouncer;
 
 my $skip = payments_skip_reason();
@@ -22,11 +23,11 @@ plan skip_all => $skip if $skip;
 require DBI;
 
 my $node = new_idem_node('bouncer', conf => "listen_addresses = '127.0.0.1'\n");
-$node->safe_psql('postgres',
-	PostgreSQL::Test::Utils::slurp_file('examples/payments/schema.sql'));
+install_payments($node);
 $node->safe_psql('postgres',
 	PostgreSQL::Test::Utils::slurp_file('clients/setup.sql'));
-my $bouncer = PgBouncer->new($node, users => [qw(client_app client_worker)]);
+my $bouncer = PgBouncer->new($node,
+	users => [qw(client_app client_worker payments_service payments_worker)]);
 my ($major, $minor) = PgBouncer::version();
 note("PgBouncer $major.$minor");
 
@@ -147,14 +148,16 @@ PY
 	$_->disconnect for $app, $w1, $w2, $w3;
 }
 
-# ---- LISTEN through PgBouncer hears nothing: the server connection that
-# listens is handed to other clients, and PgBouncer drops a notification
-# that arrives while it is idle
+# ---- LISTEN through PgBouncer: the server connection that listens goes
+# back to the pool after the LISTEN, and a notification that reaches it
+# while no client is linked to it is dropped by PgBouncer (one that happens
+# to arrive while some client is linked goes to that client)
 {
 	my $through = dbh('postgres_one', 'client_worker');
 	my $direct = dbh('direct', 'client_worker');
 	$_->do('LISTEN idempotency_outbox') for $through, $direct;
 	my $app = dbh('postgres', 'client_app');
+	my $position = $bouncer->log_position;
 	$app->begin_work;
 	reserve($app, 'acme');
 	$app->do(q{SELECT outbox_enqueue('acme', 'listen.demo', '{}')});
@@ -167,11 +170,14 @@ PY
 		last if $heard_direct;
 		sleep 0.1;
 	}
-	$through->do('SELECT 1');
-	$heard_through = $through->pg_notifies;
 	ok($heard_direct && $heard_direct->[0] eq 'idempotency_outbox',
 		'a worker LISTENing straight to the server is notified at commit');
-	ok(!$heard_through, 'a worker LISTENing through PgBouncer is not');
+	# the listener through PgBouncer is idle meanwhile
+	ok($bouncer->wait_for_log(qr/got packet 'A' from server when not linked/, $position),
+		'PgBouncer drops the notification sent to the idle server connection');
+	$through->do('SELECT 1');
+	$heard_through = $through->pg_notifies;
+	ok(!$heard_through, 'a worker LISTENing through PgBouncer is not notified');
 	# deliver the row: the end-to-end test expects an empty queue
 	$direct->do(q{SELECT outbox_ack(tenant_id, id, lease_token)
 	                FROM outbox_claim('w', topics => '{listen.demo}')});
@@ -181,8 +187,9 @@ PY
 # ---- the payments end-to-end test, service and workers through PgBouncer
 run_payments_e2e(
 	node => $node,
-	dsn => $bouncer->connstr('postgres', 'postgres'),
-	listen_dsn => $node->connstr('postgres'),
+	dsn => $bouncer->connstr('postgres', 'payments_service'),
+	worker_dsn => $bouncer->connstr('postgres', 'payments_worker'),
+	listen_dsn => $node->connstr('postgres') . ' user=payments_worker',
 	env => { PAYMENTS_PGBOUNCER => 1 });
 note('PgBouncer pools at the end: ', $bouncer->admin('SHOW POOLS'));
 

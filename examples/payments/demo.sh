@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Walk through the example payments API with curl: a charge, its replay, a
 # mismatch, a concurrent duplicate, and the outbox delivering the capture to
-# the provider exactly once.  Needs a database with the idempotency extension
-# (libpq environment: PGHOST, PGPORT, PGDATABASE, ...); run by "make demo".
+# the provider exactly once.  The service, the worker and the operator each
+# log in as a role of their own, granted one of the extension's roles; none
+# is a superuser.  Needs a database with the idempotency extension and a
+# superuser connection for the set-up (libpq environment: PGHOST, PGPORT,
+# PGDATABASE, ...); run by "make demo".
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=/usr/bin/python3
@@ -10,20 +13,50 @@ PY=/usr/bin/python3
 export PGDATABASE
 
 free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+password() { $PY -c 'import secrets; print(secrets.token_hex(16))'; }
 SVC_PORT=$(free_port)
 PRV_PORT=$(free_port)
-export PAYMENTS_DSN="dbname=$PGDATABASE" PROVIDER_URL="http://127.0.0.1:$PRV_PORT"
+SVC_PW=$(password) WRK_PW=$(password) OPS_PW=$(password)
+export PROVIDER_URL="http://127.0.0.1:$PRV_PORT"
+SERVICE_DSN="dbname=$PGDATABASE user=payments_service password=$SVC_PW"
+WORKER_DSN="dbname=$PGDATABASE user=payments_worker password=$WRK_PW"
 LOGS=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$LOGS"; }
 trap cleanup EXIT
 
-psql -X -q -v ON_ERROR_STOP=1 -f schema.sql
+as_ops() { PGUSER=payments_ops PGPASSWORD=$OPS_PW psql -X "$@"; }
+as_service() { PGUSER=payments_service PGPASSWORD=$SVC_PW psql -X "$@"; }
+
+echo "== 0. least privilege: the DBA creates the tables and three LOGIN roles (schema.sql, roles.sql)"
+psql -X -q -v ON_ERROR_STOP=1 -f schema.sql -f roles.sql
+psql -X -q -v ON_ERROR_STOP=1 \
+    -c "ALTER ROLE payments_service PASSWORD '$SVC_PW'" \
+    -c "ALTER ROLE payments_worker PASSWORD '$WRK_PW'" \
+    -c "ALTER ROLE payments_ops PASSWORD '$OPS_PW'"
+grep -E '^GRANT idempotency_' roles.sql
+psql -X -c "SELECT r.rolname AS login_role, r.rolsuper AS superuser,
+                   string_agg(g.rolname, ', ' ORDER BY g.rolname) AS granted
+              FROM pg_roles r
+              JOIN pg_auth_members m ON m.member = r.oid
+              JOIN pg_roles g ON g.oid = m.roleid
+             WHERE r.rolname LIKE 'payments\_%'
+             GROUP BY 1, 2 ORDER BY 1"
+echo "the operator (payments_ops, granted idempotency_admin) sets the scope's policy (scope.sql):"
+as_ops -q -v ON_ERROR_STOP=1 -f scope.sql
+echo "the service's role may not do the operator's work, nor read the extension's tables:"
+as_service -c "SELECT idem_configure_scope('charges', '{\"ttl\": \"1 year\"}')" 2>&1 || true
+as_service -c "SELECT count(*) FROM idempotency.keys" 2>&1 || true
+echo
+
 PROVIDER_PORT=$PRV_PORT $PY provider.py 2>"$LOGS/provider.log" & pids+=($!)
 # one second of simulated work inside the transaction makes the concurrent
 # duplicate below visible
-PAYMENTS_PORT=$SVC_PORT PAYMENTS_PROCESSING_DELAY=1 $PY service.py 2>"$LOGS/service.log" & pids+=($!)
+PAYMENTS_DSN=$SERVICE_DSN PAYMENTS_PORT=$SVC_PORT PAYMENTS_PROCESSING_DELAY=1 \
+    $PY service.py 2>"$LOGS/service.log" & pids+=($!)
 for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$SVC_PORT/healthz" && break; sleep 0.1; done
+head -1 "$LOGS/service.log"
+echo
 
 API="http://127.0.0.1:$SVC_PORT/v1/charges"
 charge() {  # charge KEY BODY
@@ -51,16 +84,24 @@ sleep 0.3
 charge order-1002 '{"amount": 10.00, "currency": "USD", "customer": "cus_8"}' >"$LOGS/b"
 wait $first
 cat "$LOGS/a" "$LOGS/b"
-echo "== charges so far (one per key):"
-psql -X -c "SELECT id, tenant_id, idem_key, amount, currency, status FROM payments.charges ORDER BY id"
+echo "== charges so far (one per key), as the operator sees them:"
+as_ops -c "SELECT id, tenant_id, idem_key, amount, currency, status FROM payments.charges ORDER BY id"
 
 echo "== 6. the worker claims the outbox and captures each charge at the provider, once"
-WORKER_NAME=demo-worker WORKER_LEASE=5 $PY worker.py 2>"$LOGS/worker.log" & pids+=($!)
+PAYMENTS_DSN=$WORKER_DSN WORKER_NAME=demo-worker WORKER_LEASE=5 \
+    $PY worker.py 2>"$LOGS/worker.log" & pids+=($!)
 for _ in $(seq 50); do
-    [ "$(psql -X -Atc "SELECT count(*) FROM idempotency.outbox WHERE status <> 'done'")" = 0 ] && break
+    [ "$(as_ops -Atc "SELECT count(*) FROM idempotency.outbox WHERE status <> 'done'")" = 0 ] && break
     sleep 0.2
 done
-psql -X -c "SELECT id, topic, idem_key, status, attempts, provider_ref FROM idempotency.outbox WHERE topic = 'charge.capture' ORDER BY id"
-psql -X -c "SELECT id, idem_key, status, provider_ref FROM payments.charges ORDER BY id"
+as_ops -c "SELECT id, topic, idem_key, status, attempts, provider_ref FROM idempotency.outbox WHERE topic = 'charge.capture' ORDER BY id"
+as_ops -c "SELECT id, idem_key, status, provider_ref FROM payments.charges ORDER BY id"
 echo "\$ curl $PROVIDER_URL/_ledger"
 curl -s "$PROVIDER_URL/_ledger"; echo
+echo
+head -1 "$LOGS/worker.log"
+
+echo "== 7. the operator, as payments_ops: maintenance and health"
+echo "\$ psql -U payments_ops -c 'CALL idem_maintain()'"
+as_ops -q -c 'CALL idem_maintain()'
+as_ops -c 'SELECT processing, needs_reconciliation, outbox_pending, outbox_leased, outbox_dead FROM idempotency.health'

@@ -3,7 +3,8 @@
 
 For each of --keys idempotency keys, --clients threads send the same charge
 --repeats times with random delays, retrying 409 / 503 / connection errors
-with the same key until they get a final answer (bounded by --deadline).
+with the same key until they get a final answer (bounded by --deadline);
+outages are retried with exponential backoff.
 After its first final answer a client also sends, with --mismatch-rate
 probability, the same key with a changed amount, which must be refused with
 422.  Keys alternate between two tenants, and the same key string is used
@@ -12,6 +13,13 @@ by both, so tenants must not see each other's answers.
 Prints one JSON summary on stdout: for every (tenant, key) the distinct
 final answers (status, body, headers minus Date) and the statuses of the
 changed-body requests; plus counts per status.  The caller checks them.
+
+--spread S starts the keys at random moments over S seconds instead of all
+at once, to keep a steady load running while the database is crashed or
+fails over.  --ack-log FILE appends one JSON line per answer the service
+acknowledged (2xx), as soon as it arrives: {"tenant", "key", "request",
+"status", "body", "replayed"}.  What was acknowledged is known even if this
+client is killed, and must survive whatever happens to the database.
 """
 
 import argparse
@@ -50,7 +58,10 @@ def main():
     ap.add_argument("--deadline", type=float, default=120)
     ap.add_argument("--prefix", default="k")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--spread", type=float, default=0)
+    ap.add_argument("--ack-log")
     args = ap.parse_args()
+    ack_log = open(args.ack_log, "a", buffering=1) if args.ack_log else None
 
     rng = random.Random(args.seed)
     end = time.time() + args.deadline
@@ -64,37 +75,60 @@ def main():
             status_counts[name] = status_counts.get(name, 0) + 1
 
     def final_answer(tenant, key, body, seed):
-        """Send until a final answer; return (status, headers, body) or None."""
+        """Send until a final answer; return (status, headers, body) or None.
+
+        A 409 (in progress) is retried after a short random delay; an outage
+        (503, no connection) with exponential backoff and jitter, up to 2
+        seconds, so that a crowd of clients does not hammer a recovering
+        service."""
         r = random.Random(seed)
+        failures = 0
         while time.time() < end:
             try:
                 status, headers, raw = post(args.url, tenant, key, body)
             except (urllib.error.URLError, OSError) as e:
                 record("connection-error", 0)
-                time.sleep(0.2)
+                failures += 1
+                time.sleep(min(2.0, 0.05 * 2 ** failures * (0.5 + r.random())))
                 continue
             record(str(status), status)
             if status in (409, 503):
                 if "Retry-After" not in headers:
                     with lock:
                         errors.append("%s %s/%s without Retry-After" % (status, tenant, key))
-                time.sleep(min(float(headers.get("Retry-After", "1")), 0.5) * r.random() + 0.05)
+                delay = min(float(headers.get("Retry-After", "1")), 0.5) * r.random() + 0.05
+                if status == 503:
+                    failures += 1
+                    delay = max(delay, min(2.0, 0.05 * 2 ** failures * (0.5 + r.random())))
+                time.sleep(delay)
                 continue
             return status, headers, raw
         with lock:
             errors.append("no final answer for %s/%s before the deadline" % (tenant, key))
         return None
 
-    def client(tenant, key, body, seed):
+    def acknowledged(tenant, key, request, status, headers, raw):
+        if ack_log is None or not 200 <= status < 300:
+            return
+        line = json.dumps({"tenant": tenant, "key": key, "request": request,
+                           "status": status, "body": raw.decode(),
+                           "replayed": headers.get("Idempotent-Replayed") == "true"},
+                          sort_keys=True)
+        with lock:
+            ack_log.write(line + "\n")
+
+    def client(tenant, key, body, seed, start_at):
         r = random.Random(seed)
         entry = results["%s/%s" % (tenant, key)]
         got_final = False
+        time.sleep(max(0.0, start_at - time.time()))
         for i in range(args.repeats):
             time.sleep(r.random() * args.max_delay)
             ans = final_answer(tenant, key, body, r.random())
             if ans is None:
                 return
             status, headers, raw = ans
+            acknowledged(tenant, key, body, status, headers, raw)
             replayed = headers.get("Idempotent-Replayed") == "true"
             kept = {k: v for k, v in headers.items()
                     if k in ("Content-Type", "Location")}
@@ -110,6 +144,7 @@ def main():
                         entry["changed"].append(ans[0])
 
     threads = []
+    begin = time.time()
     for k in range(args.keys):
         tenant = "acme" if k % 2 == 0 else "globex"
         # the same key string is used by both tenants every other key
@@ -119,9 +154,11 @@ def main():
                 "customer": "cus_%d" % rng.randint(1, 50)}
         results["%s/%s" % (tenant, key)] = {"final": set(), "changed": [],
                                              "replayed": 0, "body": body}
+        start_at = begin + (rng.random() * args.spread if args.spread else 0)
         for c in range(args.clients):
             threads.append(threading.Thread(
-                target=client, args=(tenant, key, body, rng.random()), daemon=True))
+                target=client, args=(tenant, key, body, rng.random(), start_at),
+                daemon=True))
     rng.shuffle(threads)
     for t in threads:
         t.start()

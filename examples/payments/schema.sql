@@ -1,5 +1,8 @@
--- The example payments service's own tables.  The idempotency extension
--- must already exist in the database (CREATE EXTENSION idempotency).
+-- The example payments service's own tables.  Run by the database owner (a
+-- DBA), once; the idempotency extension must already exist in the database
+-- (CREATE EXTENSION idempotency).  roles.sql then grants each program only
+-- what it uses, and scope.sql (run as the operations role) sets the
+-- policy of the "charges" scope.
 CREATE SCHEMA IF NOT EXISTS payments;
 
 CREATE TABLE IF NOT EXISTS payments.charges (
@@ -14,9 +17,3 @@ CREATE TABLE IF NOT EXISTS payments.charges (
     created_at   timestamptz NOT NULL DEFAULT now(),
     UNIQUE (tenant_id, idem_key)
 );
-
--- Charges whose scope keeps keys for a day, and whose stale reservations
--- (none in the atomic flow this service uses) are flagged for an operator.
-INSERT INTO idempotency.scopes (scope, ttl, lock_timeout, stale_action)
-VALUES ('charges', interval '24 hours', interval '30 seconds', 'fail')
-ON CONFLICT (scope) DO NOTHING;

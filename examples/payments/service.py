@@ -22,9 +22,16 @@ different body 422, replays carry Idempotent-Replayed: true, errors are
 application/problem+json.  The service fails closed: when the database cannot
 be reached it answers 503 and charges nothing.
 
+The service logs in as a role granted idempotency_app (roles.sql), not as a
+superuser.  PAYMENTS_DSN may list several hosts with
+target_session_attrs=read-write: after a failover the service's next
+connection goes to the promoted standby.
+
 Configuration (environment): PAYMENTS_DSN (libpq connection string),
 PAYMENTS_PORT (default 8080), PAYMENTS_PROCESSING_DELAY (seconds of simulated
-work inside the transaction, default 0), PAYMENTS_PGBOUNCER=1 when PAYMENTS_DSN
+work inside the transaction, default 0), PAYMENTS_POOL_SIZE (database
+connections at most, default 10), PAYMENTS_POOL_WAIT (seconds a request
+waits for one, default 5), PAYMENTS_PGBOUNCER=1 when PAYMENTS_DSN
 goes through PgBouncer in transaction mode (no server-side prepared
 statements: PgBouncer before 1.21 cannot carry them from one transaction to
 the next).  The tenant is set with SET LOCAL, never SET, which would stay on
@@ -56,21 +63,36 @@ PREPARE_THRESHOLD = None if os.environ.get("PAYMENTS_PGBOUNCER") else 5
 PROCESSING_DELAY = float(os.environ.get("PAYMENTS_PROCESSING_DELAY", "0"))
 
 
-class ConnectionPool:
-    """A minimal pool: idle connections are reused, broken ones dropped."""
+class PoolTimeout(Exception):
+    """Every connection of the pool stayed busy for PAYMENTS_POOL_WAIT."""
 
-    def __init__(self, dsn, max_idle=16):
+
+class ConnectionPool:
+    """A minimal bounded pool: at most "size" connections at a time, idle
+    ones reused, broken ones dropped.  The bound keeps a crowd of retrying
+    clients (after an outage, a failover) from opening a connection each and
+    exhausting the database's max_connections: requests over it wait for a
+    connection, then fail closed with 503."""
+
+    def __init__(self, dsn, size=10, wait=5.0):
         self.dsn = dsn
-        self.max_idle = max_idle
+        self.wait = wait
+        self.slots = threading.BoundedSemaphore(size)
         self.idle = []
         self.lock = threading.Lock()
 
     def get(self):
+        if not self.slots.acquire(timeout=self.wait):
+            raise PoolTimeout()
         with self.lock:
             if self.idle:
                 return self.idle.pop()
-        return psycopg.connect(self.dsn, connect_timeout=3,
-                               prepare_threshold=PREPARE_THRESHOLD)
+        try:
+            return psycopg.connect(self.dsn, connect_timeout=3,
+                                   prepare_threshold=PREPARE_THRESHOLD)
+        except BaseException:
+            self.slots.release()
+            raise
 
     def clear(self):
         with self.lock:
@@ -82,13 +104,16 @@ class ConnectionPool:
         ok = (not conn.closed
               and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
         with self.lock:
-            if ok and len(self.idle) < self.max_idle:
+            if ok:
                 self.idle.append(conn)
-                return
-        conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+        self.slots.release()
 
 
-POOL = ConnectionPool(DSN)
+POOL = ConnectionPool(DSN, int(os.environ.get("PAYMENTS_POOL_SIZE", "10")),
+                      float(os.environ.get("PAYMENTS_POOL_WAIT", "5")))
 
 
 class Problem(Exception):
@@ -268,8 +293,9 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 status, rbody, rheaders, replayed = create_charge(
                     tenant, key, body, amount, currency, customer)
-            except psycopg.OperationalError:
-                # the database is unreachable: fail closed, charge nothing
+            except (psycopg.OperationalError, PoolTimeout):
+                # the database is unreachable (or every connection is busy):
+                # fail closed, charge nothing
                 raise Problem(503, "Service unavailable",
                               "The payments database is unreachable; retry with the same "
                               "Idempotency-Key.", {"Retry-After": "1"})
@@ -283,8 +309,30 @@ class Handler(BaseHTTPRequestHandler):
             self.send_problem(p)
 
 
+def report_role(program, extension_role):
+    """Say which database role the program runs as; warn if it is a superuser.
+
+    The program should log in as a role of its own granted the extension's
+    role (see roles.sql), never as a superuser.
+    """
+    try:
+        with psycopg.connect(DSN, connect_timeout=3) as conn:
+            user, superuser = conn.execute(
+                "SELECT current_user::text, rolsuper FROM pg_roles"
+                " WHERE rolname = current_user").fetchone()
+    except psycopg.Error as e:
+        sys.stderr.write("%s: database not reachable yet (%s)\n" % (program, e))
+        return
+    sys.stderr.write("%s: database role %s\n" % (program, user))
+    if superuser:
+        sys.stderr.write("%s: WARNING: %s is a superuser; log in as a role granted %s"
+                         " instead (examples/payments/roles.sql)\n"
+                         % (program, user, extension_role))
+
+
 def main():
     port = int(os.environ.get("PAYMENTS_PORT", "8080"))
+    report_role("payments", "idempotency_app")
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     sys.stderr.write("payments: listening on 127.0.0.1:%d\n" % port)

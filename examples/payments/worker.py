@@ -18,6 +18,9 @@ server (WORKER_LISTEN_DSN): a LISTEN made through PgBouncer stays on a server
 connection that other clients use, and its notifications are lost.  Claims
 and acks may go through PgBouncer: a lease is a row, not a session lock.
 
+The worker logs in as a role granted idempotency_worker plus UPDATE on the
+charges it marks captured (roles.sql), not as a superuser.
+
 Configuration (environment): PAYMENTS_DSN, WORKER_LISTEN_DSN (default
 PAYMENTS_DSN), PAYMENTS_PGBOUNCER=1 (no server-side prepared statements, as
 in service.py), PROVIDER_URL (default
@@ -103,7 +106,25 @@ def work_once(conn):
     return len(rows)
 
 
+def report_role():
+    """Say which database role the worker runs as; warn if it is a superuser."""
+    try:
+        with psycopg.connect(DSN, connect_timeout=3) as conn:
+            user, superuser = conn.execute(
+                "SELECT current_user::text, rolsuper FROM pg_roles"
+                " WHERE rolname = current_user").fetchone()
+    except psycopg.Error as e:
+        sys.stderr.write("%s: database not reachable yet (%s)\n" % (NAME, e))
+        return
+    sys.stderr.write("%s: database role %s\n" % (NAME, user))
+    if superuser:
+        sys.stderr.write("%s: WARNING: %s is a superuser; log in as a role granted"
+                         " idempotency_worker instead (examples/payments/roles.sql)\n"
+                         % (NAME, user))
+
+
 def main():
+    report_role()
     while True:
         try:
             conn = psycopg.connect(DSN, autocommit=False, connect_timeout=3,

@@ -28,8 +28,11 @@ BEGIN;
 SELECT outcome FROM idem_reserve('acme', 'orders', 'order-1002', '{"item": "lamp"}'::jsonb);
 SELECT idem_complete('acme', 'orders', 'order-1002', 503, '{"error": "try again"}') AS status;
 COMMIT;
-SELECT outcome FROM idem_reserve('acme', 'orders', 'order-1002', '{"item": "lamp"}'::jsonb);
-SELECT idem_release('acme', 'orders', 'order-1002');
+\echo '==    (That retry committed its reservation on its own: giving it up takes its lock_token.)'
+SELECT outcome, lock_token AS retry_token
+  FROM idem_reserve('acme', 'orders', 'order-1002', '{"item": "lamp"}'::jsonb) \gset
+\echo outcome: :outcome
+SELECT idem_release('acme', 'orders', 'order-1002', :'retry_token');
 
 \echo '== 5. Two-phase, for work that calls the outside world: the scope hands a'
 \echo '==    stale reservation to the next attempt after 30 seconds.'

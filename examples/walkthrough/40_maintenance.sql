@@ -6,6 +6,7 @@ SELECT scope, ttl, lock_timeout, stale_action
 
 \echo '== Three refunds answered and completed; a fourth reserved (two-phase: the reservation commits alone)'
 \echo '== by a worker that then dies before completing it:'
+BEGIN;
 SELECT g AS request, r.outcome
   FROM generate_series(1, 3) g,
        LATERAL idem_reserve('walk-maint', 'walk-refunds', 'refund-' || g,
@@ -13,6 +14,7 @@ SELECT g AS request, r.outcome
 SELECT count(idem_complete('walk-maint', 'walk-refunds', 'refund-' || g, 201,
                            jsonb_build_object('refund', g))) AS completed
   FROM generate_series(1, 3) g;
+COMMIT;
 SELECT outcome FROM idem_reserve('walk-maint', 'walk-refunds', 'refund-stuck', '{"amount": 9}'::jsonb);
 SELECT pg_sleep(2.5);
 

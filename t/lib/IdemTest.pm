@@ -25,12 +25,14 @@ sub have_pg_cron
 
 # A fresh cluster with idempotency, and pg_cron when it is installed,
 # preloaded, and the extension created in database "postgres" (pg_cron's
-# database).  Extra postgresql.conf lines may be passed in %opts{conf}.
+# database).  Extra postgresql.conf lines may be passed in %opts{conf},
+# parameters of PostgreSQL::Test::Cluster's init (such as
+# allows_streaming => 1) in %opts{init}.
 sub new_idem_node
 {
 	my ($name, %opts) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
-	$node->init;
+	$node->init(%{ $opts{init} // {} });
 	my $conf =
 	  have_pg_cron()
 	  ? "shared_preload_libraries = 'pg_cron,idempotency'\n"

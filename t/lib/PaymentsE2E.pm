@@ -3,8 +3,10 @@
 # database) and t/091_payments_pgbouncer.pl (through PgBouncer): real
 # concurrent HTTP clients, workers killed with SIGKILL between the provider
 # call and the ack, an immediate shutdown of the database in the middle of
-# load, and the database down altogether.  Everything runs on 127.0.0.1 with
-# bounded request counts and deadlines.
+# load, and the database down altogether.  The service and the workers log
+# in as the roles of examples/payments/roles.sql, never as a superuser, and
+# the operator's maintenance runs as payments_ops (idempotency_admin).
+# Everything runs on 127.0.0.1 with bounded request counts and deadlines.
 package PaymentsE2E;
 
 use strict;
@@ -14,6 +16,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use HTTP::Tiny;
 use JSON::PP;
+use IPC::Run;
 use POSIX ":sys_wait_h";
 use Time::HiRes qw(sleep time);
 use Exporter 'import';
@@ -133,15 +136,41 @@ sub outbox_rows
 		  . " FROM idempotency.outbox WHERE status <> 'done'");
 }
 
-# run_payments_e2e(node => $node, dsn => ..., listen_dsn => ..., env => {...})
+# What a connection made with exactly this DSN is: its role, whether it is a
+# superuser, whether it is a member of idempotency_app, idempotency_worker.
+sub role_of
+{
+	my ($conninfo) = @_;
+	my ($out, $err);
+	IPC::Run::run(
+		[
+			'psql', '-X', '-A', '-t', '-d', $conninfo, '-c',
+			"SELECT current_user || ' super=' || rolsuper"
+			  . " || ' app=' || pg_has_role('idempotency_app', 'MEMBER')"
+			  . " || ' worker=' || pg_has_role('idempotency_worker', 'MEMBER')"
+			  . ' FROM pg_roles WHERE rolname = current_user'
+		],
+		'>', \$out, '2>', \$err)
+	  or die "psql -d '$conninfo': $err";
+	chomp $out;
+	return $out;
+}
+
+# run_payments_e2e(node => $node, dsn => ..., worker_dsn => ...,
+#                  listen_dsn => ..., env => {...})
 #
-# $node holds the extension and examples/payments/schema.sql.  The service
-# and the workers connect with dsn (default: straight to $node); the workers
-# LISTEN on listen_dsn (default: dsn); env is added to their environment.
+# $node holds the extension and examples/payments/schema.sql, roles.sql and
+# scope.sql.  The service connects with dsn (default: straight to $node as
+# payments_service), the workers with worker_dsn (default: straight to
+# $node as payments_worker) and LISTEN on listen_dsn (default: worker_dsn);
+# env is added to their environment.
 sub run_payments_e2e
 {
 	my (%args) = @_;
 	$node = $args{node};
+	my $dsn = $args{dsn} // $node->connstr('postgres') . ' user=payments_service';
+	my $worker_dsn = $args{worker_dsn}
+	  // $node->connstr('postgres') . ' user=payments_worker';
 	$logdir = $PostgreSQL::Test::Utils::log_path;
 	my $service_port = PostgreSQL::Test::Cluster::get_free_port();
 	my $provider_port = PostgreSQL::Test::Cluster::get_free_port();
@@ -149,12 +178,18 @@ sub run_payments_e2e
 	my $provider_url = "http://127.0.0.1:$provider_port";
 	$http = HTTP::Tiny->new(timeout => 10);
 
-	my %common = (PAYMENTS_DSN => $args{dsn} // $node->connstr('postgres'),
-		PROVIDER_URL => $provider_url, %{ $args{env} // {} });
+	# least privilege: neither program is a superuser
+	is(role_of($dsn), 'payments_service super=false app=true worker=false',
+		'the service logs in as a non-superuser granted idempotency_app');
+	is(role_of($worker_dsn), 'payments_worker super=false app=false worker=true',
+		'the workers log in as a non-superuser granted idempotency_worker');
+
+	my %common = (PROVIDER_URL => $provider_url, %{ $args{env} // {} });
 	my $provider = spawn('provider', { PROVIDER_PORT => $provider_port },
 		$python, 'examples/payments/provider.py');
 	my $service = spawn('service',
-		{ %common, PAYMENTS_PORT => $service_port, PAYMENTS_PROCESSING_DELAY => '0.05' },
+		{ %common, PAYMENTS_DSN => $dsn, PAYMENTS_PORT => $service_port,
+		  PAYMENTS_PROCESSING_DELAY => '0.05' },
 		$python, 'examples/payments/service.py');
 	ok(wait_http("$provider_url/_ledger"), 'provider is up');
 	ok(wait_http("$service_url/healthz"), 'service is up');
@@ -215,7 +250,8 @@ sub run_payments_e2e
 				$slots[$i] = undef;
 			}
 			# crash-prone workers until several crashes were seen, then clean ones
-			my %env = (%common, %worker_env, WORKER_NAME => "w$i-$crashes",
+			my %env = (%common, %worker_env, PAYMENTS_DSN => $worker_dsn,
+				WORKER_NAME => "w$i-$crashes",
 				WORKER_LEASE => 2, WORKER_BATCH => 3);
 			$env{WORKER_CRASH_AFTER_CALLS} = 2 if $crashes < 4;
 			$slots[$i] = spawn("worker$i", \%env, $python,
@@ -319,6 +355,20 @@ sub run_payments_e2e
 	is( scalar keys %{ $ledger->{captures} },
 		psql1('SELECT count(*) FROM payments.charges'),
 		'provider captures match charges after the restart');
+
+	# the operator, as payments_ops (idempotency_admin): maintenance and
+	# health
+	my @ops = (extra_params => [ '-U', 'payments_ops' ]);
+	$node->safe_psql('postgres', 'CALL idem_maintain()', @ops);
+	is( $node->safe_psql('postgres',
+			"SELECT needs_reconciliation || '/' || outbox_pending || '/' || outbox_leased || '/' || outbox_dead FROM idempotency.health",
+			@ops),
+		'0/0/0/0',
+		'the operator sees nothing to reconcile and an empty outbox');
+	my $svclog = slurp_file("$logdir/service.log");
+	like($svclog, qr/database role payments_service$/m,
+		'the service reports its role');
+	unlike($svclog, qr/WARNING: .* superuser/, 'and it is not a superuser');
 
 	kill 'KILL', grep { defined } @slots, $service, $provider;
 	waitpid($_, 0) for grep { defined } @slots, $service, $provider;

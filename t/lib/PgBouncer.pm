@@ -60,15 +60,20 @@ $prepared
 INI
 	close $ini;
 
+	# its log, one per test file: tmp_check/log/pgbouncer_<test>.log
+	my $test = $0;
+	$test =~ s{.*/}{};
+	$test =~ s{\.pl$}{};
+	my $log = "$PostgreSQL::Test::Utils::log_path/pgbouncer_$test.log";
 	my $pid = fork();
 	die "fork: $!" unless defined $pid;
 	if ($pid == 0)
 	{
-		open(STDOUT, '>>', "$PostgreSQL::Test::Utils::log_path/pgbouncer.log") or die;
+		open(STDOUT, '>>', $log) or die;
 		open(STDERR, '>&', \*STDOUT) or die;
 		exec($bin, "$dir/pgbouncer.ini") or die "exec $bin: $!";
 	}
-	my $self = bless { pid => $pid, port => $port, dir => $dir }, $class;
+	my $self = bless { pid => $pid, port => $port, dir => $dir, log => $log }, $class;
 	push @running, $self;
 	# up when it answers its admin console
 	for (1 .. 100)
@@ -79,7 +84,7 @@ INI
 		return $self if $ret == 0;
 		sleep 0.1;
 	}
-	die "pgbouncer did not start, see pgbouncer.log";
+	die "pgbouncer did not start, see $log";
 }
 
 sub find_pgbouncer
@@ -116,6 +121,27 @@ sub admin
 	my ($self, $sql) = @_;
 	my $out = `psql -X -A -t -h 127.0.0.1 -p $self->{port} -U postgres -d pgbouncer -c "$sql"`;
 	return $out;
+}
+
+# The size of PgBouncer's log now, to look for lines written after it.
+sub log_position
+{
+	my ($self) = @_;
+	return -s $self->{log} // 0;
+}
+
+# Wait up to $timeout seconds for a line matching $re written after
+# $position; true if one was.
+sub wait_for_log
+{
+	my ($self, $re, $position, $timeout) = @_;
+	for (1 .. ($timeout // 10) * 10)
+	{
+		my $text = PostgreSQL::Test::Utils::slurp_file($self->{log});
+		return 1 if substr($text, $position) =~ $re;
+		sleep 0.1;
+	}
+	return 0;
 }
 
 sub stop

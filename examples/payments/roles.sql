@@ -1,0 +1,37 @@
+-- Least privilege for the example: three LOGIN roles, none of them a
+-- superuser, each granted one of the extension's roles plus exactly what it
+-- needs on the payments tables.  Run once, after schema.sql, by a role that
+-- may create roles and owns the payments schema.  Passwords (or another
+-- authentication method) are the deployment's business:
+--     ALTER ROLE payments_service PASSWORD '...';
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['payments_service', 'payments_worker', 'payments_ops'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) THEN
+            EXECUTE format('CREATE ROLE %I LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE', r);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- The HTTP service (service.py): reserve, complete, enqueue; insert charges
+-- and read back the columns its answer shows.
+GRANT idempotency_app TO payments_service;
+GRANT USAGE ON SCHEMA payments TO payments_service;
+GRANT INSERT (tenant_id, idem_key, amount, currency, customer),
+      SELECT (id, created_at)
+   ON payments.charges TO payments_service;
+
+-- The outbox worker (worker.py): claim, ack, nack; mark a charge captured.
+GRANT idempotency_worker TO payments_worker;
+GRANT USAGE ON SCHEMA payments TO payments_worker;
+GRANT SELECT (id, tenant_id), UPDATE (status, provider_ref)
+   ON payments.charges TO payments_worker;
+
+-- Operations: scope policy, maintenance, health, stats, reconciliation of
+-- flagged keys, dead letters.
+GRANT idempotency_admin TO payments_ops;
+GRANT USAGE ON SCHEMA payments TO payments_ops;
+GRANT SELECT ON payments.charges TO payments_ops;
