@@ -1808,7 +1808,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 #if PG_VERSION_NUM >= 160000
 	InitMaterializedSRF(fcinfo, 0);
 #else
-	SetSingleFuncCall(fcinfo, 0);
+	InitMaterializedSRF(fcinfo, 0);
 #endif
 
 	idem_spi_connect();
