@@ -47,6 +47,7 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
+#include "common/pg_prng.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -55,10 +56,6 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
-
-#if PG_VERSION_NUM >= 150000
-#include "common/pg_prng.h"
-#endif
 
 #include "idempotency.h"
 
@@ -993,11 +990,7 @@ outbox_nack(PG_FUNCTION_ARGS)
 				 errhint("Pass '0' to retry at once, or NULL for exponential backoff.")));
 
 	/* uniform in [0.5, 1.0): spreads retries of rows that failed together */
-#if PG_VERSION_NUM >= 150000
 	jitter = 0.5 + 0.5 * pg_prng_double(&pg_global_prng_state);
-#else
-	jitter = 0.5 + 0.5 * ((double) random() / ((double) MAX_RANDOM_VALUE + 1.0));
-#endif
 
 	values[0] = CStringGetTextDatum(tenant);
 	values[1] = Int64GetDatum(id);
