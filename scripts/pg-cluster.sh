@@ -37,6 +37,7 @@ fi
 {
     echo "listen_addresses = ''"
     echo "unix_socket_directories = '$dir'"
+    echo "port = ${PGPORT:-5432}"
     for s in "${settings[@]}"; do
         value=${s#*=}
         echo "${s%%=*} = '${value//\'/\'\'}'"
@@ -48,7 +49,7 @@ if ! pg_ctl -D "$data" -l "$log" -w start >/dev/null; then
     exit 1
 fi
 
-export PGHOST=$dir PGPORT=5432 PGUSER=postgres PGDATABASE=postgres
+export PGHOST=$dir PGPORT=${PGPORT:-5432} PGUSER=postgres PGDATABASE=postgres
 rc=0
 "$@" || rc=$?
 
