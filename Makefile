@@ -1,8 +1,9 @@
 # Makefile for the idempotency extension (PGXS)
 #
-# Plain "make && make install" builds against the PostgreSQL found by
-# PG_CONFIG.  "make demo" and "make test" also install what is missing on a
-# Debian 12 machine (run them as root); see README.md.
+# Plain "make && make install" builds against the PostgreSQL whose pg_config
+# is PG_CONFIG (the first on PATH by default), and "make installcheck" tests
+# it.  "make demo" and "make test [PG=17|18]" also install what is missing
+# on a Debian 12 machine (run them as root); see README.md.
 
 EXTENSION = idempotency
 MODULE_big = idempotency
@@ -19,16 +20,18 @@ DATA = $(filter-out idempotency--$(EXTVERSION).sql,$(wildcard idempotency--*.sql
 INSTALL_PARTS = $(sort $(wildcard $(srcdir)/install/*.sql))
 
 REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
-REGRESS_OPTS = --load-extension=idempotency --encoding=UTF8
+# idempotency.conf: what a temporary instance needs (EXTRA_REGRESS_OPTS=
+# --temp-instance=DIR); a running server is used as it is configured
+REGRESS_OPTS = --load-extension=idempotency --encoding=UTF8 \
+	--temp-config=$(srcdir)/idempotency.conf
 ISOLATION = $(patsubst specs/%.spec,%,$(sort $(wildcard specs/*.spec)))
-ISOLATION_OPTS = --load-extension=idempotency
+ISOLATION_OPTS = --load-extension=idempotency \
+	--temp-config=$(srcdir)/idempotency.conf
 TAP_TESTS = 1
 
 EXTRA_CLEAN = bench/results
 
-ifndef PG_CONFIG
-PG_CONFIG := $(firstword $(wildcard /usr/lib/postgresql/15/bin/pg_config) pg_config)
-endif
+PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 
 ifneq ($(wildcard $(PGXS)),)
@@ -38,7 +41,8 @@ PROVE_FLAGS += -I t/lib
 else
 all install installcheck:
 	@echo "PGXS not found (PG_CONFIG=$(PG_CONFIG))." >&2
-	@echo "Install postgresql-server-dev-15, or run 'make demo' / 'make test' as root." >&2
+	@echo "Install the server's development files (on Debian: postgresql-server-dev-NN)," >&2
+	@echo "pass PG_CONFIG=/path/to/pg_config, or run 'make demo' / 'make test' as root." >&2
 	@exit 1
 endif
 
@@ -55,8 +59,9 @@ deps:
 demo:
 	bash scripts/demo.sh
 
+# PG=17 or PG=18 tests that version (scripts/lib.sh); the default is 15
 test:
-	bash scripts/test.sh
+	PG='$(PG)' bash scripts/test.sh
 
 # The failover test and the crash injection test alone, with more crashes
 # (CRASHES=N, default 60) than "make test" injects.

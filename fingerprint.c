@@ -64,9 +64,7 @@
 #include <stdlib.h>
 
 #include "catalog/pg_type.h"
-#if PG_VERSION_NUM >= 140000
 #include "common/cryptohash.h"
-#endif
 #include "common/sha2.h"
 #include "common/shortest_dec.h"
 #include "fmgr.h"
@@ -128,11 +126,7 @@ typedef struct CanonSink
 {
 	int			len;			/* bytes used in buf */
 	StringInfo	text;			/* destination when building text */
-#if PG_VERSION_NUM >= 140000
 	pg_cryptohash_ctx *hash;	/* destination when fingerprinting */
-#else
-	pg_sha256_ctx *hash;
-#endif
 	char		buf[CANON_BUFSIZE];
 } CanonSink;
 
@@ -222,13 +216,12 @@ static void emit_container(CanonState *st, JsonbContainer *jc, int depth,
 						   const PathStep *path);
 
 /* ----------------------------------------------------------------
- * Hash wrappers: PostgreSQL 14 replaced pg_sha256_* by cryptohash
+ * Hash wrappers: PostgreSQL's cryptohash SHA-256
  * ----------------------------------------------------------------
  */
 static void
 hash_begin(CanonSink *sink)
 {
-#if PG_VERSION_NUM >= 140000
 	sink->hash = pg_cryptohash_create(PG_SHA256);
 	if (sink->hash == NULL)
 		ereport(ERROR,
@@ -236,38 +229,21 @@ hash_begin(CanonSink *sink)
 				 errmsg("out of memory")));
 	if (pg_cryptohash_init(sink->hash) < 0)
 		elog(ERROR, "could not initialize SHA-256 context");
-#else
-	sink->hash = palloc(sizeof(pg_sha256_ctx));
-	pg_sha256_init(sink->hash);
-#endif
 }
 
 static inline void
 hash_update(CanonSink *sink, const char *data, size_t len)
 {
-#if PG_VERSION_NUM >= 140000
 	if (pg_cryptohash_update(sink->hash, (const uint8 *) data, len) < 0)
 		elog(ERROR, "could not update SHA-256 context");
-#else
-	pg_sha256_update(sink->hash, (const uint8 *) data, len);
-#endif
 }
 
 static void
 hash_end(CanonSink *sink, uint8 *result)
 {
-#if PG_VERSION_NUM >= 150000
 	if (pg_cryptohash_final(sink->hash, result, IDEM_FINGERPRINT_LEN) < 0)
 		elog(ERROR, "could not finalize SHA-256 context");
 	pg_cryptohash_free(sink->hash);
-#elif PG_VERSION_NUM >= 140000
-	if (pg_cryptohash_final(sink->hash, result) < 0)
-		elog(ERROR, "could not finalize SHA-256 context");
-	pg_cryptohash_free(sink->hash);
-#else
-	pg_sha256_final(sink->hash, result);
-	pfree(sink->hash);
-#endif
 	sink->hash = NULL;
 }
 

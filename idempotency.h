@@ -73,7 +73,11 @@ extern int	idem_spi_execute(struct _SPI_plan *plan, Datum *values,
 							 const char *nulls, bool read_only, long count);
 
 /* A NULL argument "name" is an error (22004) with a hint. */
+#if PG_VERSION_NUM >= 180000
+pg_noreturn extern void idem_null_argument(const char *name);
+#else
 extern void idem_null_argument(const char *name) pg_attribute_noreturn();
+#endif
 extern void idem_require_arg(FunctionCallInfo fcinfo, int argno,
 							 const char *name);
 

@@ -927,7 +927,11 @@ keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 							   InvalidOid, index->rd_indcollation[i],
 							   F_TEXTEQ, id->values[i]);
 	slot = table_slot_create(heap, NULL);
+#if PG_VERSION_NUM >= 180000
+	scan = index_beginscan(heap, index, snapshot, NULL, 3, 0);
+#else
 	scan = index_beginscan(heap, index, snapshot, 3, 0);
+#endif
 	index_rescan(scan, skey, 3, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	if (found)
@@ -1801,7 +1805,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 	Oid			argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
 
 	keys_ident_from_args(fcinfo, &id);
-	SetSingleFuncCall(fcinfo, 0);
+	InitMaterializedSRF(fcinfo, 0);
 
 	idem_spi_connect();
 	idem_saved_plan(&plan_lookup,

@@ -162,9 +162,7 @@ static IdemStatsEntry **idem_stats_victims = NULL;
 static Oid	idem_stats_dropped_db = InvalidOid;
 static bool idem_stats_xact_callback_registered = false;
 
-#if PG_VERSION_NUM >= 150000
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 static object_access_hook_type prev_object_access_hook = NULL;
 
@@ -202,12 +200,8 @@ idem_stats_init(void)
 	if (!process_shared_preload_libraries_in_progress)
 		return;
 
-#if PG_VERSION_NUM >= 150000
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = idem_stats_shmem_request;
-#else
-	idem_stats_shmem_request();
-#endif
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = idem_stats_shmem_startup;
 	prev_object_access_hook = object_access_hook;
@@ -231,10 +225,8 @@ idem_stats_memsize(void)
 static void
 idem_stats_shmem_request(void)
 {
-#if PG_VERSION_NUM >= 150000
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-#endif
 	RequestAddinShmemSpace(idem_stats_memsize());
 	RequestNamedLWLockTranche("idempotency", 1);
 }
@@ -927,7 +919,7 @@ idem_stats(PG_FUNCTION_ARGS)
 
 	/* a role bound to a tenant sees that tenant's rows only */
 	bound = idem_bound_tenant();
-	SetSingleFuncCall(fcinfo, 0);
+	InitMaterializedSRF(fcinfo, 0);
 	tupstore = rsinfo->setResult;
 	tupdesc = rsinfo->setDesc;
 

@@ -7,7 +7,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/lib.sh"
 
-bash "$top/scripts/deps.sh"
+prepare_server
 stage_tree "$top"
 build_and_install ""
 cluster_options
@@ -25,7 +25,7 @@ if [ -z "$names" ]; then
 fi
 echo "bench: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(pg_config --version)"
 rc=0
-as_postgres pg_virtualenv "${CLUSTER_OPTS[@]}" bash -c '
+with_cluster bash -c '
     set -e
     psql -X -q -d postgres -c "CREATE EXTENSION IF NOT EXISTS pg_cron"
     for n in '"$(echo $names)"'; do

@@ -8,7 +8,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/lib.sh"
 
 crashes=${CRASHES:-60}
-bash "$top/scripts/deps.sh"
+prepare_server
 stage_tree "$top"
 echo "crash: building in $WORK"
 build_and_install ""

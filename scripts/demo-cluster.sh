@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs inside pg_virtualenv as postgres (from scripts/demo.sh).
+# Runs inside the throwaway cluster as postgres (from scripts/demo.sh).
 set -euo pipefail
 WORK=$1
 cd "$WORK"

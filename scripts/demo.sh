@@ -5,13 +5,13 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/lib.sh"
 
-bash "$top/scripts/deps.sh"
+prepare_server
 stage_tree "$top"
 echo "demo: building in $WORK"
 build_and_install ""
 cluster_options
 echo "demo: starting a throwaway cluster (removed when the demo ends)"
 rc=0
-as_postgres pg_virtualenv "${CLUSTER_OPTS[@]}" bash "$WORK/scripts/demo-cluster.sh" "$WORK" || rc=$?
+with_cluster bash "$WORK/scripts/demo-cluster.sh" "$WORK" || rc=$?
 rm -rf "$WORK"
 exit $rc

@@ -1,13 +1,28 @@
 #!/usr/bin/env bash
 # Install the Debian 12 packages the extension, its tests and its demo need,
 # skipping what is already there; packages named as arguments too (make
-# check-valgrind's).  Run as root.
+# check-valgrind's).  With PG=17 or PG=18 (see scripts/lib.sh), what
+# building that server from source needs instead of the postgresql-15
+# packages.  Run as root.
 set -euo pipefail
 
-packages=(
-    postgresql-15               # server, contrib (pgcrypto, the test oracle)
-    postgresql-server-dev-15    # PGXS, headers, pg_regress, isolation tester, TAP modules
-    postgresql-15-cron          # pg_cron 1.4: schedules idem_maintain
+if [ "${PG:-15}" = 15 ]; then
+    packages=(
+        postgresql-15               # server, contrib (pgcrypto, the test oracle)
+        postgresql-server-dev-15    # PGXS, headers, pg_regress, isolation tester, TAP modules
+        postgresql-15-cron          # pg_cron 1.4: schedules idem_maintain
+    )
+else
+    packages=(
+        postgresql-common           # the postgres user (no server)
+        dpkg-dev                    # apt-get source unpacks with dpkg-source
+        bzip2 xz-utils
+        bison flex perl             # the server's build
+        libreadline-dev zlib1g-dev libicu-dev pkg-config
+        libssl-dev                  # pgcrypto, the test oracle
+    )
+fi
+packages+=(
     libipc-run-perl             # TAP framework
     python3-psycopg             # examples/payments: a real client library
     curl                        # the demo talks HTTP to the example service

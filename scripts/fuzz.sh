@@ -8,15 +8,14 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/lib.sh"
 
-bash "$top/scripts/deps.sh"
+prepare_server
 bash "$top/scripts/fuzz-deps.sh"
 stage_tree "$top"
 echo "fuzz: building in $WORK"
-build_and_install "-Wall -Wextra -Werror -isystem $(pg_config --includedir-server)"
+build_and_install "-Wall -Wextra -Werror -isystem $("$PG_CONFIG" --includedir-server)"
 cluster_options
 export FUZZ_DOCS=${FUZZ_DOCS:-1000000} FUZZ_CALLS=${FUZZ_CALLS:-100000}
 rc=0
-as_postgres pg_virtualenv "${CLUSTER_OPTS[@]}" \
-    bash "$WORK/fuzz/run.sh" "$FUZZ_DOCS" "$FUZZ_CALLS" || rc=$?
+with_cluster bash "$WORK/fuzz/run.sh" "$FUZZ_DOCS" "$FUZZ_CALLS" || rc=$?
 rm -rf "$WORK"
 exit $rc

@@ -1,18 +1,49 @@
-# Shared by scripts/test.sh, scripts/demo.sh and bench/run.sh.  Sourced, not run.
+# Shared by scripts/test.sh, scripts/demo.sh, scripts/build-server.sh and
+# bench/run.sh.  Sourced, not run.
+#
+# PG chooses the server (README, Testing): 15, the default, is Debian 12's
+# postgresql-15 packages, whose throwaway clusters Debian's pg_virtualenv
+# starts; 17 and 18 are built from Debian's source packages (trixie's and
+# sid's) with assertions enabled, with pg_cron, by scripts/build-server.sh
+# into $IDEM_PG_CACHE/postgresql-$PG, outside the tree, and their throwaway
+# clusters are started by scripts/pg-cluster.sh.  Everything else is the same
+# for every version: the pg_config of the chosen server (PG_CONFIG) is the
+# one passed to make and found first on PATH.
 #
 # The server-side steps (initdb, pg_regress's clusters, the TAP framework)
 # refuse to run as root, so the tree is copied into a scratch directory owned
 # by the "postgres" user and built there; only "make install" runs as root.
 #
-# IDEM_DESTDIR=/some/dir installs into that directory instead of the system
+# IDEM_DESTDIR=/some/dir installs into that directory instead of the server's
 # directories and points the throwaway clusters at it (Debian's
 # extension_destdir), so several checkouts can be tested side by side.
 
-PG_BINDIR=$(/usr/lib/postgresql/15/bin/pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
-PG_PKGLIBDIR=$(/usr/lib/postgresql/15/bin/pg_config --pkglibdir 2>/dev/null || echo /usr/lib/postgresql/15/lib)
-export PATH="$PG_BINDIR:$PATH"
+PG=${PG:-15}
+IDEM_PG_CACHE=${IDEM_PG_CACHE:-/var/cache/idempotency}
+case $PG in
+    15) PG_PREFIX=/usr/lib/postgresql/15 PG_SUITE= ;;
+    17) PG_PREFIX=$IDEM_PG_CACHE/postgresql-17 PG_SUITE=trixie ;;
+    18) PG_PREFIX=$IDEM_PG_CACHE/postgresql-18 PG_SUITE=sid ;;
+    *)
+        echo "PG=$PG: the tested versions are 15, 17 and 18" >&2
+        exit 1
+        ;;
+esac
+PG_CONFIG=$PG_PREFIX/bin/pg_config
+export PG PG_CONFIG PATH="$PG_PREFIX/bin:$PATH"
 # Clusters are UTF-8 whatever the caller's locale (CI may have none).
 export LANG=C.UTF-8 LC_ALL=C.UTF-8
+
+# Install the packages that are missing and, for a version built from
+# source, build that server unless it is cached.
+prepare_server() {
+    local here
+    here=$(dirname "${BASH_SOURCE[0]}")
+    bash "$here/deps.sh"
+    if [ -n "$PG_SUITE" ]; then
+        bash "$here/build-server.sh"
+    fi
+}
 
 # Copy the source tree (without .git and build products) to a scratch
 # directory owned by postgres; sets WORK.
@@ -34,9 +65,9 @@ stage_tree() {
 as_postgres() {
     if [ "$(id -u)" -eq 0 ]; then
         runuser -u postgres -- env PATH="$PATH" HOME=/var/lib/postgresql \
-            IDEM_DESTDIR="${IDEM_DESTDIR:-}" FUZZ_SEED="${FUZZ_SEED:-}" \
-            FUZZ_DOCS="${FUZZ_DOCS:-}" FUZZ_CALLS="${FUZZ_CALLS:-}" \
-            FUZZ_VERBOSE="${FUZZ_VERBOSE:-}" ${PGPORT:+PGPORT="$PGPORT"} "$@"
+            PG="$PG" PG_CONFIG="$PG_CONFIG" IDEM_DESTDIR="${IDEM_DESTDIR:-}" \
+            FUZZ_SEED="${FUZZ_SEED:-}" FUZZ_DOCS="${FUZZ_DOCS:-}" \
+            FUZZ_CALLS="${FUZZ_CALLS:-}" FUZZ_VERBOSE="${FUZZ_VERBOSE:-}" ${PGPORT:+PGPORT="$PGPORT"} "$@"
     else
         "$@"
     fi
@@ -45,26 +76,34 @@ as_postgres() {
 # Build in $WORK (extra compiler flags in $1) and install.
 build_and_install() {
     local copt=${1:-}
-    as_postgres make -C "$WORK" -s clean >/dev/null
-    as_postgres make -C "$WORK" -s COPT="$copt"
+    as_postgres make -C "$WORK" -s PG_CONFIG="$PG_CONFIG" clean >/dev/null
+    as_postgres make -C "$WORK" -s PG_CONFIG="$PG_CONFIG" COPT="$copt"
     if [ -n "${IDEM_DESTDIR:-}" ]; then
-        make -C "$WORK" -s install DESTDIR="$IDEM_DESTDIR" >/dev/null
+        make -C "$WORK" -s PG_CONFIG="$PG_CONFIG" install DESTDIR="$IDEM_DESTDIR" >/dev/null
         chmod -R a+rX "$IDEM_DESTDIR"
     else
-        make -C "$WORK" -s install >/dev/null
+        make -C "$WORK" -s PG_CONFIG="$PG_CONFIG" install >/dev/null
     fi
 }
 
+# Whether pg_cron is installed for the chosen server.
+have_pg_cron() {
+    [ -f "$("$PG_CONFIG" --pkglibdir)/pg_cron.so" ]
+}
+
 # postgresql.conf settings for every throwaway cluster, as "-o guc=value"
-# arguments for pg_virtualenv.
+# arguments for with_cluster; pg_cron is preloaded when it is installed.
 cluster_options() {
-    CLUSTER_OPTS=(-o "shared_preload_libraries=pg_cron,idempotency"
-                  -o "cron.database_name=postgres"
-                  -o "fsync=off"
-                  -o "max_connections=200")
+    if have_pg_cron; then
+        CLUSTER_OPTS=(-o "shared_preload_libraries=pg_cron,idempotency"
+                      -o "cron.database_name=postgres")
+    else
+        CLUSTER_OPTS=(-o "shared_preload_libraries=idempotency")
+    fi
+    CLUSTER_OPTS+=(-o "fsync=off" -o "max_connections=200")
     if [ -n "${IDEM_DESTDIR:-}" ]; then
         CLUSTER_OPTS+=(-o "extension_destdir=$IDEM_DESTDIR"
-                       -o "dynamic_library_path=$IDEM_DESTDIR$PG_PKGLIBDIR:\$libdir")
+                       -o "dynamic_library_path=$IDEM_DESTDIR$("$PG_CONFIG" --pkglibdir):\$libdir")
     fi
     # pg_virtualenv takes port 5432 (or the next one its own configuration
     # knows) and fails when another cluster on the machine holds it: pick a
@@ -79,5 +118,17 @@ cluster_options() {
                 break
             fi
         done
+    fi
+}
+
+# with_cluster COMMAND...: run COMMAND as postgres against a throwaway
+# cluster of the chosen server with the settings in CLUSTER_OPTS; the libpq
+# environment (PGHOST, PGPORT, PGUSER, PGDATABASE) points at it.
+with_cluster() {
+    if [ -z "$PG_SUITE" ]; then
+        as_postgres pg_virtualenv "${CLUSTER_OPTS[@]}" "$@"
+    else
+        # run from $WORK: the postgres user may not be able to read the clone
+        as_postgres bash "$WORK/scripts/pg-cluster.sh" "${CLUSTER_OPTS[@]}" "$@"
     fi
 }

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Runs inside pg_virtualenv as postgres (from scripts/test.sh): each suite in
-# turn, then a summary.  A failing suite prints its diffs and logs.
+# Runs inside the throwaway cluster as postgres (from scripts/test.sh): each
+# suite in turn, then a summary.  A failing suite prints its diffs and logs.
 set -uo pipefail
 WORK=$1
+PG_CONFIG=${PG_CONFIG:-pg_config}
 cd "$WORK"
 
-psql -X -q -d postgres -c 'CREATE EXTENSION IF NOT EXISTS pg_cron' || exit 1
+if psql -X -qAt -d postgres -c 'SHOW shared_preload_libraries' | grep -q pg_cron; then
+    psql -X -q -d postgres -c 'CREATE EXTENSION IF NOT EXISTS pg_cron' || exit 1
+else
+    echo "pg_cron is not installed for this server: the tests that need it are skipped"
+fi
 
 passed=0
 failed=0
@@ -21,8 +26,11 @@ show_file() {
 run_suite() {
     local name=$1
     shift
+    local started=$SECONDS rc=0
     echo "======== suite: $name"
-    if make -s installcheck "$@"; then
+    make -s installcheck PG_CONFIG="$PG_CONFIG" "$@" || rc=$?
+    echo "======== suite: $name took $((SECONDS - started)) s"
+    if [ $rc -eq 0 ]; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1))
@@ -55,7 +63,7 @@ run_fuzz
 
 if [ $failed -ne 0 ]; then
     echo "failed suites: ${failed_names[*]}"
-    # pg_virtualenv prints the tail of this cluster's server log on exit
+    # the cluster's runner prints the end of the server log on exit
 fi
 echo "suites: $passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -1,24 +1,40 @@
 #!/usr/bin/env bash
-# make test: install what is missing, build with warnings as errors, install,
-# and run the regression, isolation and TAP suites (the TAP suite includes
-# the client conformance suite, clients/) against a throwaway cluster that
+# make test [PG=17|18]: install what is missing (and build that server unless
+# it is cached), build with warnings as errors, install, and run the
+# regression, isolation and TAP suites (the TAP suite includes the client
+# conformance suite, clients/) against a throwaway cluster that
 # preloads pg_cron and idempotency.  Run as root.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/lib.sh"
 
-bash "$top/scripts/deps.sh"
+# phase NAME: report how long the previous phase took, start the next
+phase_start=$SECONDS
+phase_name=
+phase() {
+    if [ -n "$phase_name" ]; then
+        echo "test: $phase_name took $((SECONDS - phase_start)) s"
+    fi
+    phase_name=$1
+    phase_start=$SECONDS
+}
+
+phase "preparing PostgreSQL $PG"
+prepare_server
 bash "$top/scripts/fuzz-deps.sh"
 # the drivers of the client conformance suite (clients/) and PgBouncer
 bash "$top/clients/deps.sh"
+phase "building the extension"
 stage_tree "$top"
-echo "test: building in $WORK"
+echo "test: building in $WORK against $("$PG_CONFIG" --version)"
 # -isystem keeps PostgreSQL's own headers out of -Wextra's reach.
-build_and_install "-Wall -Wextra -Werror -isystem $(pg_config --includedir-server)"
+build_and_install "-Wall -Wextra -Werror -isystem $("$PG_CONFIG" --includedir-server)"
+phase "the suites"
 cluster_options
 echo "test: starting a throwaway cluster"
 rc=0
-as_postgres pg_virtualenv "${CLUSTER_OPTS[@]}" bash "$WORK/scripts/test-cluster.sh" "$WORK" || rc=$?
+with_cluster bash "$WORK/scripts/test-cluster.sh" "$WORK" || rc=$?
+phase ""
 if [ $rc -eq 0 ]; then
     rm -rf "$WORK"
 else

@@ -18,7 +18,7 @@ SELECT p.oid::regprocedure AS routine,
   FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass
   JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
  WHERE d.deptype = 'e'
- ORDER BY p.oid::regprocedure::text;
+ ORDER BY p.oid::regprocedure::text COLLATE "C";
 SELECT c.oid::regclass AS relation,
        has_table_privilege('sec_plain', c.oid, 'SELECT') AS plain,
        has_table_privilege('sec_app', c.oid, 'SELECT') AS app,
@@ -27,7 +27,7 @@ SELECT c.oid::regclass AS relation,
        has_table_privilege('pg_monitor', c.oid, 'SELECT') AS monitor
   FROM pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace
    AND c.relkind IN ('r', 'v')
- ORDER BY c.oid::regclass::text;
+ ORDER BY c.oid::regclass::text COLLATE "C";
 SELECT r AS role, has_schema_privilege(r, 'idempotency', 'USAGE') AS schema_usage
   FROM unnest(ARRAY['sec_plain', 'sec_app', 'sec_worker', 'sec_admin', 'pg_monitor']) AS r;
 
@@ -96,7 +96,7 @@ SELECT status, response_body, recovery_point FROM idempotency.keys
 
 -- a role bound to a tenant acts for that tenant only, whatever it SETs
 SELECT idem_bind_tenant('sec_bound', 'acme');
-SELECT role, tenant FROM idempotency.tenant_bindings ORDER BY role::text;
+SELECT role, tenant FROM idempotency.tenant_bindings ORDER BY role::text COLLATE "C";
 SELECT outbox_enqueue('sec_t', 'topic', '{"tenant": "sec_t"}') IS NOT NULL AS other_row;
 SELECT outbox_enqueue('acme', 'topic', '{"tenant": "acme"}') IS NOT NULL AS acme_row;
 SET ROLE sec_bound;

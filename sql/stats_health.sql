@@ -101,7 +101,8 @@ SELECT r AS role, f AS call, pg_temp.try_as(r, f) AS result
                ('SELECT count(*) FROM idempotency.keys'),
                ('CALL idem_maintain()')) AS calls(f)
  ORDER BY 1, 2;
-SELECT current_user;
+-- each call's role ended with it
+SELECT current_user = session_user AS own_role_again;
 -- a granted operator really runs the procedure (it needs no SECURITY
 -- DEFINER itself: the functions it calls are)
 SET ROLE stats_ops;

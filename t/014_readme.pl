@@ -6,7 +6,9 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use IdemTest qw(new_idem_node);
+use IdemTest qw(new_idem_node have_pg_cron);
+
+plan skip_all => 'pg_cron is not installed for this server' unless have_pg_cron();
 
 my $readme = PostgreSQL::Test::Utils::slurp_file('README.md');
 my ($section) = $readme =~ /^## Getting Started\n(.*?)^### From an application/ms;

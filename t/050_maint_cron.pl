@@ -5,7 +5,9 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use IdemTest qw(new_idem_node);
+use IdemTest qw(new_idem_node have_pg_cron);
+
+plan skip_all => 'pg_cron is not installed for this server' unless have_pg_cron();
 
 # pg_cron connects to the jobs' database over libpq: point it at the test
 # cluster's Unix socket directory (the test clusters do not listen on TCP)

@@ -6,24 +6,42 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use Exporter 'import';
 
-our @EXPORT_OK = qw(new_idem_node catalog_snapshot);
+our @EXPORT_OK = qw(new_idem_node catalog_snapshot have_pg_cron);
 
-# A fresh cluster with pg_cron and idempotency preloaded and the extension
-# created in database "postgres" (pg_cron's database).  Extra postgresql.conf
-# lines may be passed in %opts{conf}, parameters of PostgreSQL::Test::Cluster's
-# init (such as allows_streaming => 1) in %opts{init}.
+# The server's library directory (of the pg_config first on PATH, as the
+# test clusters' binaries are).
+sub pkglibdir
+{
+	my $libdir = `pg_config --pkglibdir`;
+	chomp $libdir;
+	return $libdir;
+}
+
+# Whether pg_cron is installed for the server under test.
+sub have_pg_cron
+{
+	return -f pkglibdir() . '/pg_cron.so';
+}
+
+# A fresh cluster with idempotency, and pg_cron when it is installed,
+# preloaded, and the extension created in database "postgres" (pg_cron's
+# database).  Extra postgresql.conf lines may be passed in %opts{conf},
+# parameters of PostgreSQL::Test::Cluster's init (such as
+# allows_streaming => 1) in %opts{init}.
 sub new_idem_node
 {
 	my ($name, %opts) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
 	$node->init(%{ $opts{init} // {} });
-	my $conf = "shared_preload_libraries = 'pg_cron,idempotency'\n"
-	  . "cron.database_name = 'postgres'\n";
+	my $conf =
+	  have_pg_cron()
+	  ? "shared_preload_libraries = 'pg_cron,idempotency'\n"
+	  . "cron.database_name = 'postgres'\n"
+	  : "shared_preload_libraries = 'idempotency'\n";
 	if ($ENV{IDEM_DESTDIR})
 	{
 		# a private installation (see scripts/lib.sh)
-		my $libdir = `pg_config --pkglibdir`;
-		chomp $libdir;
+		my $libdir = pkglibdir();
 		$conf .= "extension_destdir = '$ENV{IDEM_DESTDIR}'\n"
 		  . "dynamic_library_path = '$ENV{IDEM_DESTDIR}$libdir:\$libdir'\n";
 	}

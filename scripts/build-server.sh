@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Build PostgreSQL $PG (17 or 18) from Debian's source package, with
+# assertions, debugging symbols and the TAP framework, into
+# $IDEM_PG_CACHE/postgresql-$PG (see scripts/lib.sh), and pg_cron for it from
+# Debian's pg-cron source package.  A complete build is reused as it is; an
+# incomplete one is started over.  When the archive does not serve pg-cron's
+# source, the server is used without pg_cron (the tests that need it are
+# skipped), and the next run tries again.  Run as root.
+#
+# The sources come from Debian's archive through an apt state of its own
+# under $IDEM_PG_CACHE/apt: the machine's apt sources are left alone, and
+# nothing is installed from those suites (the build needs only Debian 12's
+# packages, see scripts/deps.sh).
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/lib.sh"
+
+if [ -z "$PG_SUITE" ]; then
+    echo "build-server: PostgreSQL $PG comes from Debian 12's packages" >&2
+    exit 1
+fi
+# Debian's sources install libraries under /usr/lib/postgresql/<major>/lib
+# unless the prefix names "postgres"; $PG_PREFIX does, so that everything
+# stays inside it.
+case $PG_PREFIX in
+    *postgres*) ;;
+    *) echo "build-server: the prefix must contain \"postgres\": $PG_PREFIX" >&2; exit 1 ;;
+esac
+
+mkdir -p "$IDEM_PG_CACHE"
+# one build at a time per version; a second caller waits and reuses it
+exec 9>"$IDEM_PG_CACHE/.lock-$PG"
+flock 9
+
+build=$IDEM_PG_CACHE/build/postgresql-$PG
+log=$build/build.log
+aptdir=$IDEM_PG_CACHE/apt-$PG_SUITE
+apt_private=(-o "Dir::Etc::sourcelist=$aptdir/sources.list"
+             -o "Dir::Etc::sourceparts=-"
+             -o "Dir::State::Lists=$aptdir/lists"
+             -o "APT::Sandbox::User=root")
+updated=
+
+# fetch SOURCE-PACKAGE: unpack Debian's source package of $PG_SUITE into
+# $build; fails when the archive does not serve it.
+fetch() {
+    if [ -z "$updated" ]; then
+        mkdir -p "$aptdir/lists/partial"
+        echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]" \
+             "${IDEM_DEBIAN_MIRROR:-http://deb.debian.org/debian} $PG_SUITE main" \
+             >"$aptdir/sources.list"
+        apt-get "${apt_private[@]}" -qq update
+        updated=1
+    fi
+    (cd "$build" && apt-get "${apt_private[@]}" -qq source "$1/$PG_SUITE") >>"$log" 2>&1
+}
+
+# run COMMAND...: run it niced, output to the log; on failure show the log.
+run() {
+    if ! nice "$@" >>"$log" 2>&1; then
+        echo "build-server: failed: $*" >&2
+        tail -n 60 "$log" >&2
+        exit 1
+    fi
+}
+
+# changelog_version DIR: the Debian version of an unpacked source package
+changelog_version() {
+    dpkg-parsechangelog -l "$1/debian/changelog" -S Version
+}
+
+jobs=$(nproc)
+if [ -f "$PG_PREFIX/.complete" ]; then
+    echo "server: $(cat "$PG_PREFIX/.complete") in $PG_PREFIX"
+else
+    started=$SECONDS
+    rm -rf "$build" "$PG_PREFIX"
+    mkdir -p "$build"
+    echo "server: fetching postgresql-$PG from Debian $PG_SUITE"
+    fetch "postgresql-$PG" || { cat "$log" >&2; exit 1; }
+    src=$(find "$build" -maxdepth 1 -type d -name "postgresql-$PG-*" | head -n 1)
+    version=$(changelog_version "$src")
+    echo "server: building postgresql-$PG $version (log: $log)"
+    # pgcrypto is the regression suite's independent SHA-256 oracle
+    run env -C "$src" ./configure --prefix="$PG_PREFIX" --enable-cassert \
+        --enable-debug --enable-tap-tests --with-openssl --without-llvm
+    run make -C "$src" -j"$jobs"
+    run make -C "$src/contrib/pgcrypto" -j"$jobs"
+    run make -C "$src" install
+    run make -C "$src/contrib/pgcrypto" install
+    chmod -R a+rX "$PG_PREFIX"
+    echo "postgresql-$PG $version (Debian $PG_SUITE, assertions enabled)" >"$PG_PREFIX/.complete"
+    rm -rf "$build"
+    echo "server: $(cat "$PG_PREFIX/.complete") built in $((SECONDS - started)) s"
+fi
+
+if [ -f "$("$PG_CONFIG" --pkglibdir)/pg_cron.so" ]; then
+    echo "server: pg_cron installed"
+else
+    started=$SECONDS
+    rm -rf "$build"
+    mkdir -p "$build"
+    if fetch pg-cron; then
+        src=$(find "$build" -maxdepth 1 -type d -name 'pg-cron-*' | head -n 1)
+        echo "server: building pg-cron $(changelog_version "$src")"
+        run make -C "$src" -j"$jobs" PG_CONFIG="$PG_CONFIG"
+        run make -C "$src" install PG_CONFIG="$PG_CONFIG"
+        chmod -R a+rX "$PG_PREFIX"
+        echo "server: pg_cron built in $((SECONDS - started)) s"
+    else
+        grep -E '^(E|W):' "$log" >&2 || true
+        echo "server: WARNING: Debian's archive did not serve pg-cron's source;" \
+             "PostgreSQL $PG runs without pg_cron and the tests that need it are skipped" >&2
+    fi
+    rm -rf "$build"
+fi
