@@ -359,6 +359,7 @@ class Fuzzer:
         self.pools["topic"] = ["payment.capture", "t"]
         self.pools["worker"] = ["w1", "w2"]
         self.reservations = []             # (tenant, scope, key, token)
+        self.followup = None               # arguments for the next call
         self.outbox_rows = []              # (tenant, id, lease_token)
 
     # --- set-up ---------------------------------------------------------------
@@ -392,9 +393,11 @@ class Fuzzer:
             self.enums[oid] = labels
         self.tables = [t for (t,) in self.conn.execute(TABLES_SQL)]
         self.STATE, self.COUNTERS = state_queries(self.tables)
+        self.calling_roles = ["idem_fuzz_all", "postgres", "idempotency_app", "idempotency_worker",
+                              "idempotency_admin"]
         self.role_names = [r for (r,) in self.conn.execute(
-            "SELECT rolname FROM pg_roles WHERE rolname !~ '^pg_' AND rolname NOT IN (current_user, 'idem_fuzz_all') "
-            "OR rolname = 'pg_monitor' ORDER BY 1")]
+            "SELECT rolname FROM pg_roles WHERE rolname !~ '^pg_' AND rolname <> ALL (%s) "
+            "OR rolname = 'pg_monitor' ORDER BY 1", (self.calling_roles + [self.conn.info.user],))]
         self.role_names += ["public", "PUBLIC", "-", "pg_signal_backend", "pg_database_owner"]
         self.gucs = self.conn.execute(
             "SELECT name, vartype, context, enumvals::text[] FROM pg_settings "
@@ -459,12 +462,12 @@ class Fuzzer:
         if typ.startswith("timestamp"):
             return gen_timestamptz(rng)
         if typ == "regrole":
-            # the roles the calls run as only now and then: a binding of
-            # theirs refuses every other tenant
+            # the roles the calls run as (and theirs) only now and then: a
+            # binding of theirs refuses every other tenant
             r = rng.random()
-            if r < 0.05:
-                return rng.choice(["idem_fuzz_all", "postgres"])
-            if r < 0.85:
+            if r < 0.08:
+                return rng.choice(self.calling_roles)
+            if r < 0.85 and self.role_names:
                 return rng.choice(self.role_names)
             return gen_text(rng, [])
         oid = f["argoids"][i]
@@ -474,13 +477,52 @@ class Fuzzer:
             return [gen_text(rng, pool)]
         return gen_text(rng, pool)          # let the type's input function judge
 
-    def build_call(self, f):
+    def sane_value(self, f, i, coherent):
+        """a valid-looking value for argument i, by its name and type"""
+        rng = self.rng
+        name = f["argnames"][i]
+        typ = f["argtypes"][i]
+        if coherent is not None and name in coherent:
+            return coherent[name]
+        if name in ("tenant", "scope", "key", "topic", "worker"):
+            pool = [v for v in self.pools.get(name, []) if len(v) < 100]
+            return rng.choice(pool) if pool and rng.chance(0.7) else \
+                f"{name[0]}{rng.randrange(20)}"
+        if typ in ("jsonb", "json"):
+            if "header" in name:
+                return rng.choice(['{"Location": "/orders/1"}', '{}'])
+            if name == "options":
+                return rng.choice(['{}', '{"ttl": "1 day"}', '{"stale_action": "takeover", "lock_timeout": 1}',
+                                   '{"fingerprint_ignore": ["/sent_at"], "cache_server_errors": true}'])
+            return json.dumps({"amount": rng.randrange(100), "item": rng.choice(["book", "pen"]),
+                               "sent_at": rng.randrange(10**6)})
+        if typ == "integer":
+            if "code" in name:
+                return str(rng.choice([200, 201, 204, 302, 400, 404, 409, 422, 500, 503]))
+            return str(rng.choice([1, 2, 5, 10, 100]))
+        if typ == "interval":
+            return rng.choice(["0", "1 ms", "1 s", "30 seconds", "1 day"])
+        if typ == "bigint":
+            return str(rng.choice(self.pools["id"])) if self.pools["id"] else "1"
+        if typ == "uuid":
+            return rng.choice(self.pools["token"]) if self.pools["token"] else str(uuid.uuid4())
+        if typ == "bytea":
+            return rng.randbytes(32)
+        if typ == "text[]":
+            return rng.choice([None, ["/sent_at"], [rng.choice(self.pools["topic"])]])
+        if typ == "text":
+            return rng.choice(["step-1", "charge-requested", "HTTP 503", "ch_1", "* * * * *"])
+        return self.value(f, i, coherent)
+
+    def build_call(self, f, forced=None, sane=False):
         rng = self.rng
         nargs = f["nargs"]
         # a coherent call: tenant, scope, key and token of an earlier reservation
         coherent = None
         names = set(f["argnames"])
-        if self.reservations and rng.chance(0.5) and {"tenant", "scope", "key"} <= names:
+        if forced is not None:
+            coherent = dict(forced)
+        elif self.reservations and rng.chance(0.5) and {"tenant", "scope", "key"} <= names:
             t, s, k, tok = rng.choice(self.reservations)
             coherent = {"tenant": t, "scope": s, "key": k}
             if tok and rng.chance(0.7):
@@ -494,14 +536,24 @@ class Fuzzer:
         first_default = nargs - f["ndefaults"]
         npos = nargs if rng.chance(0.4) else rng.randrange(first_default, nargs + 1)
         named = []
-        if npos < nargs and all(f["argnames"][first_default:]) and rng.chance(0.5):
-            named = [i for i in range(npos, nargs) if rng.chance(0.5)]
+        if sane:
+            npos = first_default
+        if npos < nargs and all(f["argnames"][first_default:]) and (sane or rng.chance(0.5)):
+            named = [i for i in range(npos, nargs) if rng.chance(0.5 if not sane else 0.35)
+                     or (sane and coherent and f["argnames"][i] in coherent)]
+        # a sane call: valid-looking values, one of them (or none) hostile
+        hostile = rng.choice(list(range(npos)) + named + [None]) if sane and (npos or named) else None
+        if forced is not None and rng.chance(0.6):
+            hostile = None
         parts = []
         params = []
         shown = []
         given = {}
         for i in list(range(npos)) + named:
-            v = self.value(f, i, coherent)
+            if sane and i != hostile:
+                v = self.sane_value(f, i, coherent)
+            else:
+                v = self.value(f, i, coherent)
             params.append(v)
             given[f["argnames"][i]] = v
             typ = sql.SQL(f["argtypes"][i])     # a type name from format_type(), not user input
@@ -558,11 +610,31 @@ class Fuzzer:
 
     def run_one(self):
         rng = self.rng
+        followup, self.followup = self.followup, None
         f = rng.choice(self.funcs)
+        forced = None
+        if followup and rng.chance(0.8):
+            # the next step of what the previous call started: complete,
+            # checkpoint, release... the key it reserved, ack or nack the
+            # row it leased, with its token, as a role that may
+            candidates = [g for g in self.funcs if set(followup) - {"lock_token", "lease_token"}
+                          <= set(g["argnames"])]
+            # mostly the functions that take the token
+            with_token = [g for g in candidates if set(followup) & {"lock_token", "lease_token"}
+                          & set(g["argnames"])]
+            if with_token and rng.chance(0.8):
+                candidates = with_token
+            if candidates:
+                f = rng.choice(candidates)
+                forced = followup
         started = time.monotonic()
-        q, params, given, shown, coherent = self.build_call(f)
+        sane = forced is not None or rng.chance(0.4)
+        q, params, given, shown, coherent = self.build_call(f, forced, sane)
         gucs = self.gucs_sql()
         role = rng.choice(self.roles + [None] * 2) if self.roles else None
+        if sane:
+            role = rng.choice([None, "idem_fuzz_all"]) if self.roles else None
+            gucs = [(n, v) for (n, v) in gucs if n != "idempotency.tenant"]
         iso = rng.choice(["READ COMMITTED"] * 8 + ["REPEATABLE READ", "SERIALIZABLE"])
         in_block = f["kind"] != "p" or rng.chance(0.1)
         conn = self.conn
@@ -605,6 +677,8 @@ class Fuzzer:
             if sqlstate == "00000":
                 self.baseline = self.multi(f"COMMIT; {self.STATE}" if in_block else self.STATE)[0]
                 self.harvest(given, rows)
+                if forced is not None and self.followup is None and rng.chance(0.5):
+                    self.followup = forced      # the lifecycle goes on: checkpoint, complete, replay
             elif not conn.closed:
                 # the tables as before the call, and nothing written meanwhile
                 if in_block:
@@ -633,6 +707,9 @@ class Fuzzer:
                 sqlstate = "connection-lost"
             else:
                 raise
+        if self.args.trace:
+            print(f"calls: trace: {shown_full[:300]} -> {sqlstate} {message[:120]}"
+                  f"{' [follow-up]' if forced is not None else ''}", flush=True)
         self.calls += 1
         self.time_by_func[f["name"]] += time.monotonic() - started
         self.by_state[sqlstate] += 1
@@ -696,6 +773,9 @@ class Fuzzer:
             tok = next((str(v) for v in row if isinstance(v, uuid.UUID)), None)
             if {"tenant", "scope", "key"} <= set(given) and all(isinstance(given[n], str) for n in ("tenant", "scope", "key")):
                 self.reservations.append((given["tenant"], given["scope"], given["key"], tok))
+                if tok:
+                    self.followup = {"tenant": given["tenant"], "scope": given["scope"],
+                                     "key": given["key"], "lock_token": tok}
             # outbox rows: (tenant_id, id, ...) from a claim, or an id from enqueue
             if len(row) == 1 and isinstance(row[0], int) and "payload" in given:
                 self.pools["id"].append(row[0])
@@ -704,6 +784,7 @@ class Fuzzer:
             elif len(row) > 3 and isinstance(row[0], str) and isinstance(row[1], int) and tok:
                 self.pools["id"].append(row[1])
                 self.outbox_rows.append((row[0], row[1], tok))
+                self.followup = {"tenant": row[0], "id": str(row[1]), "lease_token": tok}
         for p in ("token", "fingerprint", "id"):
             del self.pools[p][:-100]
         del self.reservations[:-200]
@@ -830,6 +911,7 @@ def main():
     ap.add_argument("--timeout-ms", type=int, default=2000, help="statement_timeout of each call")
     ap.add_argument("--null-rate", type=float, default=0.06)
     ap.add_argument("--verbose", action="store_true", help="per-function SQLSTATEs and an example of each")
+    ap.add_argument("--trace", action="store_true", help="every call and its SQLSTATE")
     args = ap.parse_args()
     return Fuzzer(args).run()
 

@@ -3,7 +3,7 @@
 # of both fuzzers, against a server running under valgrind (memcheck), then
 # a count of the errors valgrind reported: those whose stack passes through
 # idempotency.so fail the run.  Run as root.  Slow: each backend runs some
-# 30 times slower, about an hour on 2 cores.
+# 30 times slower; some ten minutes on 2 cores, plus building the server once.
 #
 # The server is PostgreSQL 15 built with USE_VALGRIND and assertions
 # (scripts/valgrind-pg.sh, built once and cached), so that reads of freed
@@ -11,7 +11,7 @@
 #
 #   VALGRIND_REGRESS="fingerprint keys_lifecycle"   these regression tests only
 #   VALGRIND_ISOLATION=""                           no isolation test
-#   VALGRIND_FUZZ="DOCUMENTS CALLS"                 fuzzer slices (default "300 300"; "" for none)
+#   VALGRIND_FUZZ="DOCUMENTS CALLS"                 fuzzer slices (default "2000 2000"; "" for none)
 #   VALGRIND_TRACK_ORIGINS=1                        origins of uninitialised values (slower)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,7 +27,7 @@ as_postgres make -C "$WORK" -s PG_CONFIG="$prefix/bin/pg_config"
 make -C "$WORK" -s PG_CONFIG="$prefix/bin/pg_config" install >/dev/null
 rc=0
 as_postgres env VALGRIND_REGRESS="${VALGRIND_REGRESS-}" VALGRIND_ISOLATION="${VALGRIND_ISOLATION-all}" \
-    VALGRIND_FUZZ="${VALGRIND_FUZZ-300 300}" VALGRIND_TRACK_ORIGINS="${VALGRIND_TRACK_ORIGINS:-}" \
+    VALGRIND_FUZZ="${VALGRIND_FUZZ-2000 2000}" VALGRIND_TRACK_ORIGINS="${VALGRIND_TRACK_ORIGINS:-}" \
     bash "$WORK/scripts/valgrind-cluster.sh" "$WORK" "$prefix" || rc=$?
 if [ $rc -eq 0 ]; then
     rm -rf "$WORK"
