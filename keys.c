@@ -1805,11 +1805,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 	Oid			argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
 
 	keys_ident_from_args(fcinfo, &id);
-#if PG_VERSION_NUM >= 160000
 	InitMaterializedSRF(fcinfo, 0);
-#else
-	SetSingleFuncCall(fcinfo, 0);
-#endif
 
 	idem_spi_connect();
 	idem_saved_plan(&plan_lookup,

@@ -919,7 +919,7 @@ idem_stats(PG_FUNCTION_ARGS)
 
 	/* a role bound to a tenant sees that tenant's rows only */
 	bound = idem_bound_tenant();
-	SetSingleFuncCall(fcinfo, 0);
+	InitMaterializedSRF(fcinfo, 0);
 	tupstore = rsinfo->setResult;
 	tupdesc = rsinfo->setDesc;
 
