@@ -664,8 +664,7 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	values[6] = Int32GetDatum(max_attempts);
 	values[7] = IntervalPGetDatum(deliver_after ? deliver_after : &zero);
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	idem_spi_connect();
 	plan = outbox_plan(&enqueue_plan, outbox_enqueue_sql, 8, argtypes);
 	rc = SPI_execute_plan(plan, values, nulls, false, 1);
 	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
@@ -790,8 +789,7 @@ outbox_claim(PG_FUNCTION_ARGS)
 	tupstore = tuplestore_begin_heap(true, false, work_mem);
 	MemoryContextSwitchTo(oldcontext);
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	idem_spi_connect();
 
 	/* 1. lock the candidates */
 	if (lock_plans[filters] == NULL)
@@ -944,8 +942,7 @@ outbox_ack(PG_FUNCTION_ARGS)
 	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
 	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	idem_spi_connect();
 	plan = outbox_plan(&ack_plan, outbox_ack_sql, 4, argtypes);
 	rc = SPI_execute_plan(plan, values, nulls, false, 0);
 	if (rc != SPI_OK_UPDATE)
@@ -1004,8 +1001,7 @@ outbox_nack(PG_FUNCTION_ARGS)
 	nulls[4] = PG_ARGISNULL(4) ? 'n' : ' ';
 	values[5] = Float8GetDatum(jitter);
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	idem_spi_connect();
 	plan = outbox_plan(&nack_plan, outbox_nack_sql, 6, argtypes);
 	rc = SPI_execute_plan(plan, values, nulls, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)
@@ -1047,8 +1043,7 @@ outbox_requeue(PG_FUNCTION_ARGS)
 	values[0] = CStringGetTextDatum(tenant);
 	values[1] = Int64GetDatum(id);
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	idem_spi_connect();
 	plan = outbox_plan(&requeue_plan, outbox_requeue_sql, 2, argtypes);
 	rc = SPI_execute_plan(plan, values, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)

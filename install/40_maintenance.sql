@@ -87,6 +87,10 @@ BEGIN
                   HINT = 'Pass how long to rest between batches, such as ''20 milliseconds'', or ''0''.';
     END IF;
     deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) time_budget;
+    -- COMMIT works only in a procedure CALLed as a statement of its own:
+    -- inside a transaction block or a function, fail (2D000) here, before
+    -- the sweep writes, rather than at the first COMMIT after it
+    COMMIT;
 
     -- first what is urgent and small: stuck reservations and lost leases
     swept := @extschema@.idem_sweep(NULL::pg_catalog.interval);

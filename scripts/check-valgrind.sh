@@ -12,6 +12,7 @@
 #   VALGRIND_REGRESS="fingerprint keys_lifecycle"   these regression tests only
 #   VALGRIND_ISOLATION=""                           no isolation test
 #   VALGRIND_FUZZ="DOCUMENTS CALLS"                 fuzzer slices (default "300 300"; "" for none)
+#   VALGRIND_TRACK_ORIGINS=1                        origins of uninitialised values (slower)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/lib.sh"
@@ -26,7 +27,7 @@ as_postgres make -C "$WORK" -s PG_CONFIG="$prefix/bin/pg_config"
 make -C "$WORK" -s PG_CONFIG="$prefix/bin/pg_config" install >/dev/null
 rc=0
 as_postgres env VALGRIND_REGRESS="${VALGRIND_REGRESS-}" VALGRIND_ISOLATION="${VALGRIND_ISOLATION-all}" \
-    VALGRIND_FUZZ="${VALGRIND_FUZZ-300 300}" \
+    VALGRIND_FUZZ="${VALGRIND_FUZZ-300 300}" VALGRIND_TRACK_ORIGINS="${VALGRIND_TRACK_ORIGINS:-}" \
     bash "$WORK/scripts/valgrind-cluster.sh" "$WORK" "$prefix" || rc=$?
 if [ $rc -eq 0 ]; then
     rm -rf "$WORK"

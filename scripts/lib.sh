@@ -72,7 +72,7 @@ as_postgres() {
         runuser -u postgres -- env PATH="$PATH" HOME=/var/lib/postgresql \
             PG="$PG" PG_CONFIG="$PG_CONFIG" IDEM_DESTDIR="${IDEM_DESTDIR:-}" \
             FUZZ_SEED="${FUZZ_SEED:-}" FUZZ_DOCS="${FUZZ_DOCS:-}" \
-            FUZZ_CALLS="${FUZZ_CALLS:-}" FUZZ_VERBOSE="${FUZZ_VERBOSE:-}" "$@"
+            FUZZ_CALLS="${FUZZ_CALLS:-}" FUZZ_VERBOSE="${FUZZ_VERBOSE:-}" ${PGPORT:+PGPORT="$PGPORT"} "$@"
     else
         "$@"
     fi
@@ -109,6 +109,20 @@ cluster_options() {
     if [ -n "${IDEM_DESTDIR:-}" ]; then
         CLUSTER_OPTS+=(-o "extension_destdir=$IDEM_DESTDIR"
                        -o "dynamic_library_path=$IDEM_DESTDIR$("$PG_CONFIG" --pkglibdir):\$libdir")
+    fi
+    # pg_virtualenv takes port 5432 (or the next one its own configuration
+    # knows) and fails when another cluster on the machine holds it: pick a
+    # free one at random, so that several checkouts can test at once
+    if [ -z "${PGPORT:-}" ]; then
+        local p i
+        for i in $(seq 1 100); do
+            p=$((20000 + RANDOM % 20000))
+            if [ ! -e "/var/run/postgresql/.s.PGSQL.$p" ] && [ ! -e "/tmp/.s.PGSQL.$p" ] &&
+               ! (echo > "/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+                export PGPORT=$p
+                break
+            fi
+        done
     fi
 }
 

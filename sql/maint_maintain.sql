@@ -73,6 +73,25 @@ SELECT topic, status FROM idempotency.outbox WHERE tenant_id = 'maint-m' ORDER B
 BEGIN;
 CALL idem_maintain();
 ROLLBACK;
+-- and it refuses before it writes anything, although there is a lease to
+-- reclaim: the transaction's tuple counters do not move
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
+                                max_attempts, lease_token, leased_by, lease_until)
+VALUES ('maint-m', 'in-block', '{}', 'leased', 1, 5, gen_random_uuid(), 'w1',
+        now() - interval '1 minute');
+BEGIN;
+SELECT pg_stat_get_xact_tuples_inserted('idempotency.outbox'::regclass)
+       + pg_stat_get_xact_tuples_updated('idempotency.outbox'::regclass)
+       + pg_stat_get_xact_tuples_updated('idempotency.keys'::regclass) AS writes_before \gset
+SAVEPOINT s;
+CALL idem_maintain();
+ROLLBACK TO SAVEPOINT s;
+SELECT pg_stat_get_xact_tuples_inserted('idempotency.outbox'::regclass)
+       + pg_stat_get_xact_tuples_updated('idempotency.outbox'::regclass)
+       + pg_stat_get_xact_tuples_updated('idempotency.keys'::regclass)
+       = :writes_before AS nothing_written;
+ROLLBACK;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'maint-m' AND topic = 'in-block';
 
 -- errors, before anything is done
 CALL idem_maintain('0 seconds');

@@ -136,6 +136,28 @@ $node->safe_psql('postgres', 'DROP DATABASE doomed');
 reap_for_tenants('postgres', 'p', 16);
 is($node->safe_psql('postgres', $summary), '16 pairs, 48 reaped, other 0',
 	'the entries of a dropped database are gone');
+
+# a file saved by an older version of the library (format version 1, no
+# usage per entry) is still read after the upgrade's restart
+my $dboid = $node->safe_psql('postgres',
+	"SELECT oid FROM pg_database WHERE datname = 'postgres'");
+$node->stop;
+my $v1_entry = 'L Z128 Z128 x4 Q9';
+my $v1 =
+    pack('L L L q', 0x1de57a75, 1, 9, 2)
+  . pack($v1_entry, $dboid, 'v1-tenant', 'orders', 5, 4, 0, 0, 0, 3, 0, 0, 0)
+  . pack($v1_entry, 0, '(other)', '(other)', 7, 0, 0, 0, 0, 0, 0, 2, 0);
+my $statfile = $node->data_dir . '/pg_stat/idempotency.stat';
+open(my $fh, '>:raw', $statfile) or die "could not write $statfile: $!";
+print $fh $v1;
+close($fh);
+$node->start;
+is($node->safe_psql('postgres',
+		"SELECT string_agg(tenant || ' ' || created || ' ' || replayed || ' '"
+		  . " || completed || ' ' || reaped, ', ' ORDER BY tenant)"
+		  . " FROM idempotency.stats"),
+	'(other) 7 0 0 2, v1-tenant 5 4 3 0',
+	'a version 1 file is read');
 $node->stop;
 
 # without shared_preload_libraries (neither idempotency nor pg_cron): the
