@@ -72,11 +72,6 @@ extern void idem_spi_connect(void);
 extern int	idem_spi_execute(struct _SPI_plan *plan, Datum *values,
 							 const char *nulls, bool read_only, long count);
 
-/* PostgreSQL 16 renamed SetSingleFuncCall */
-#if PG_VERSION_NUM < 160000
-#define InitMaterializedSRF(fcinfo, flags) SetSingleFuncCall(fcinfo, flags)
-#endif
-
 /* A NULL argument "name" is an error (22004) with a hint. */
 #if PG_VERSION_NUM >= 180000
 extern pg_noreturn void idem_null_argument(const char *name);
