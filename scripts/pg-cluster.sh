@@ -22,6 +22,7 @@ done
 shift $((OPTIND - 1))
 
 dir=$(mktemp -d /tmp/idempotency-cluster.XXXXXX)
+port=${PGPORT:-5432}
 data=$dir/data
 log=$dir/server.log
 cleanup() {
@@ -36,6 +37,7 @@ if ! initdb -D "$data" -U postgres -A trust -E UTF8 --no-sync >"$dir/initdb.log"
 fi
 {
     echo "listen_addresses = ''"
+    echo "port = $port"
     echo "unix_socket_directories = '$dir'"
     for s in "${settings[@]}"; do
         value=${s#*=}
@@ -48,7 +50,7 @@ if ! pg_ctl -D "$data" -l "$log" -w start >/dev/null; then
     exit 1
 fi
 
-export PGHOST=$dir PGPORT=5432 PGUSER=postgres PGDATABASE=postgres
+export PGHOST=$dir PGPORT=$port PGUSER=postgres PGDATABASE=postgres
 rc=0
 "$@" || rc=$?
 
