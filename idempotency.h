@@ -74,7 +74,7 @@ extern int	idem_spi_execute(struct _SPI_plan *plan, Datum *values,
 
 /* A NULL argument "name" is an error (22004) with a hint. */
 #if PG_VERSION_NUM >= 180000
-extern pg_noreturn void idem_null_argument(const char *name);
+pg_noreturn extern void idem_null_argument(const char *name);
 #else
 extern void idem_null_argument(const char *name) pg_attribute_noreturn();
 #endif

@@ -22,7 +22,6 @@ done
 shift $((OPTIND - 1))
 
 dir=$(mktemp -d /tmp/idempotency-cluster.XXXXXX)
-port=${PGPORT:-5432}
 data=$dir/data
 log=$dir/server.log
 cleanup() {
@@ -37,8 +36,8 @@ if ! initdb -D "$data" -U postgres -A trust -E UTF8 --no-sync >"$dir/initdb.log"
 fi
 {
     echo "listen_addresses = ''"
-    echo "port = $port"
     echo "unix_socket_directories = '$dir'"
+    echo "port = ${PGPORT:-5432}"
     for s in "${settings[@]}"; do
         value=${s#*=}
         echo "${s%%=*} = '${value//\'/\'\'}'"
@@ -50,7 +49,7 @@ if ! pg_ctl -D "$data" -l "$log" -w start >/dev/null; then
     exit 1
 fi
 
-export PGHOST=$dir PGPORT=$port PGUSER=postgres PGDATABASE=postgres
+export PGHOST=$dir PGPORT=${PGPORT:-5432} PGUSER=postgres PGDATABASE=postgres
 rc=0
 "$@" || rc=$?
 

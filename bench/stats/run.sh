@@ -10,83 +10,104 @@
 # Each request is one new key reserved in its own transaction (one
 # statement, the cheapest call, so that the cost of counting shows), with
 # synchronous_commit = off so that the WAL flush does not hide CPU costs.
-# The two runs alternate (A B B A ...), in several short rounds because the
-# machine may be shared: ratios are taken within a round, and the goal is
-# checked on their median.  Beside throughput, the server's CPU time per
-# reserve (all server processes, from /proc) is compared the same way: it
-# hardly depends on what else the machine runs.  DURATION, CLIENTS and
-# ROUNDS override the defaults (5 s, 4 clients on 2 threads, 10 rounds).
-# Runs inside pg_virtualenv as postgres (bench/run.sh).
+#
+# The number of tenants changes more than the stats table (the keys'
+# primary key, for one), so the same two workloads also run on a control
+# server that does not preload the library, and therefore counts nothing:
+# it shows what 100,000 tenants cost without any counting, and the ratio of
+# the two servers at 100,000 tenants is what the stats table costs there.
+# The control server is started here with the main server's settings, but
+# without this library in shared_preload_libraries.  The four runs of a round alternate (the order
+# reverses every other round); ratios are taken within a round and their
+# median over the rounds is reported, because the machine may be shared.
+# DURATION, CLIENTS and ROUNDS override the defaults (4 s, 4 clients on 2
+# threads, 10 rounds).  Runs inside pg_virtualenv as postgres
+# (bench/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")"
-DURATION=${DURATION:-5}
+DURATION=${DURATION:-4}
 CLIENTS=${CLIENTS:-4}
 ROUNDS=${ROUNDS:-10}
 DB=bench_stats
 
+setting() { psql -X -At -d postgres -c "SHOW $1"; }
+
 dropdb --if-exists "$DB" 2>/dev/null
 createdb "$DB"
 psql -X -q -v ON_ERROR_STOP=1 -d "$DB" -c 'CREATE EXTENSION idempotency'
-max_entries=$(psql -X -At -d "$DB" -c 'SHOW idempotency.stats_max_entries')
-datadir=$(psql -X -At -d "$DB" -c 'SHOW data_directory')
-postmaster=$(head -1 "$datadir/postmaster.pid")
+max_entries=$(setting idempotency.stats_max_entries)
 
-# CPU time (clock ticks) of the whole server so far: the postmaster with its
-# exited children (cutime, cstime), plus its live children
-server_ticks() {
-    local total=0 p t
-    for p in "$postmaster" $(pgrep -P "$postmaster"); do
-        # after "pid (comm) ", utime is field 12, stime 13, cutime 14, cstime 15
-        t=$(awk -v pm="$([ "$p" = "$postmaster" ] && echo 1)" '{
-                sub(/^.*\) /, "");
-                print $12 + $13 + (pm ? $14 + $15 : 0) }' "/proc/$p/stat" 2>/dev/null) || continue
-        total=$((total + ${t:-0}))
-    done
-    echo "$total"
+# the control server: the main server's settings, without this library
+ctl=$(mktemp -d /tmp/bench_stats.XXXXXX)
+cleanup() {
+    pg_ctl -D "$ctl/data" -m immediate -w stop >/dev/null 2>&1 || true
+    rm -rf "$ctl"
 }
+trap cleanup EXIT
+initdb -D "$ctl/data" -A trust -E UTF8 >/dev/null
+ctl_port=$(( $(setting port) + 1 ))	# names the socket in $ctl only
+{
+    psql -X -At -d postgres -c "
+        SELECT pg_catalog.format('%s = %L', name, setting)
+          FROM pg_catalog.pg_settings
+         WHERE source = 'configuration file'
+           AND name NOT IN ('port', 'unix_socket_directories', 'listen_addresses',
+                            'data_directory', 'hba_file', 'ident_file',
+                            'external_pid_file', 'cluster_name',
+                            'shared_preload_libraries')"
+    echo "port = $ctl_port"
+    echo "unix_socket_directories = '$ctl'"
+    echo "listen_addresses = ''"
+    echo "shared_preload_libraries = '$(setting shared_preload_libraries |
+        tr ',' '\n' | tr -d ' ' | grep -vx idempotency | paste -sd, -)'"
+} >> "$ctl/data/postgresql.conf"
+pg_ctl -D "$ctl/data" -l "$ctl/log" -w start >/dev/null
+PGHOST=$ctl PGPORT=$ctl_port createdb "$DB"
+PGHOST=$ctl PGPORT=$ctl_port psql -X -q -v ON_ERROR_STOP=1 -d "$DB" \
+    -c 'CREATE EXTENSION idempotency'
 
-# one run: "tps cpu_us_per_reserve"
+# one run: its tps.  $1: "stats" (the main server) or "none" (the control)
 run() {
-    local ntenants=$1 out before after n
-    before=$(server_ticks)
-    out=$(PGOPTIONS="-c synchronous_commit=off" \
+    local server=$1 ntenants=$2 out
+    local -a env=()
+    [ "$server" = none ] && env=(PGHOST="$ctl" PGPORT="$ctl_port")
+    out=$(env "${env[@]}" PGOPTIONS="-c synchronous_commit=off" \
         pgbench -n -M prepared -c "$CLIENTS" -j 2 -T "$DURATION" \
             -D ntenants="$ntenants" -f reserve.sql "$DB" 2>&1)
     if echo "$out" | grep -q 'aborted'; then
-        echo "stats: run with $ntenants tenants aborted:" >&2
+        echo "stats: run with $ntenants tenants ($server) aborted:" >&2
         echo "$out" | grep -i error | head -3 >&2
         exit 1
     fi
-    # the backends' time reaches the postmaster's cutime once they are reaped
-    while [ "$(psql -X -At -d "$DB" -c "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgbench'")" != 0 ]; do
-        sleep 0.1
-    done
-    after=$(server_ticks)
-    n=$(echo "$out" | awk '/^number of transactions actually processed/ { print $NF }')
-    echo "$out" | awk -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$n" \
-        '/^tps = / { printf "%.0f %.1f", $3, ticks * 1e6 / hz / n }'
+    echo "$out" | awk '/^tps = / { printf "%.0f", $3 }'
 }
 
 # what the stats table looked like after a run
 table_state() {
     psql -X -At -d "$DB" -c "
-        SELECT count(*) FILTER (WHERE tenant <> '(other)') || ' pairs, '
+        SELECT count(*) FILTER (WHERE tenant <> '(other)') || ' rows, '
                || coalesce(sum(created) FILTER (WHERE tenant = '(other)'), 0)
-               || ' created counted under (other), '
-               || sum(created) || ' created in all'
+               || ' of ' || sum(created) || ' created counted under (other)'
           FROM idempotency.stats"
 }
 
-declare -A tps_of cpu_of
+declare -A tps
+runs="stats.10 stats.100000 none.100000 none.10"
+reversed="none.10 none.100000 stats.100000 stats.10"
 for round in $(seq 1 "$ROUNDS"); do
-    order="10 100000"
-    [ $((round % 2)) -eq 0 ] && order="100000 10"
-    for n in $order; do
-        psql -X -q -d "$DB" -c 'SELECT idem_stats_reset()' >/dev/null
-        read -r tps_of[$n.$round] cpu_of[$n.$round] <<<"$(run "$n")"
-        echo "round $round  $n tenants: ${tps_of[$n.$round]} tps," \
-             "${cpu_of[$n.$round]} us server CPU per reserve  (stats: $(table_state))"
+    order=$runs
+    [ $((round % 2)) -eq 0 ] && order=$reversed
+    line="round $round:"
+    for r in $order; do
+        [ "${r%%.*}" = stats ] &&
+            psql -X -q -d "$DB" -c 'SELECT idem_stats_reset()' >/dev/null
+        tps[$r.$round]=$(run "${r%%.*}" "${r#*.}")
+        line="$line  $r ${tps[$r.$round]}"
+        if [ "$r" = stats.100000 ]; then
+            line="$line ($(table_state))"
+        fi
     done
+    echo "$line"
 done
 
 median() {
@@ -94,31 +115,38 @@ median() {
         if (NR % 2) printf "%.3f", v[(NR + 1) / 2];
         else printf "%.3f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
+# median over the rounds of tps[$1] / tps[$2]
+median_ratio() {
+    local round
+    for round in $(seq 1 "$ROUNDS"); do
+        awk -v a="${tps[$1.$round]}" -v b="${tps[$2.$round]}" \
+            'BEGIN { printf "%.3f\n", a / b }'
+    done | median
+}
+median_tps() {
+    local round
+    for round in $(seq 1 "$ROUNDS"); do echo "${tps[$1.$round]}"; done |
+        median | awk '{ printf "%.0f", $1 }'
+}
 
 echo
 echo "stats: idem_reserve of a new key, $CLIENTS clients, ${DURATION}s per run," \
      "$ROUNDS rounds, -M prepared, synchronous_commit off," \
-     "stats_max_entries $max_entries"
-printf '%-6s %10s %10s %8s   %14s %14s %8s\n' round "tps 10" "100,000" ratio \
-    "CPU us/res 10" "100,000" ratio
-tps_ratios=()
-cpu_ratios=()
-for round in $(seq 1 "$ROUNDS"); do
-    rt=$(awk -v a="${tps_of[100000.$round]}" -v b="${tps_of[10.$round]}" \
-        'BEGIN { printf "%.3f", a / b }')
-    rc=$(awk -v a="${cpu_of[100000.$round]}" -v b="${cpu_of[10.$round]}" \
-        'BEGIN { printf "%.3f", a / b }')
-    tps_ratios+=("$rt")
-    cpu_ratios+=("$rc")
-    printf '%-6s %10s %10s %8s   %14s %14s %8s\n' "$round" \
-        "${tps_of[10.$round]}" "${tps_of[100000.$round]}" "$rt" \
-        "${cpu_of[10.$round]}" "${cpu_of[100000.$round]}" "$rc"
-done
-tps_median=$(printf '%s\n' "${tps_ratios[@]}" | median)
-cpu_median=$(printf '%s\n' "${cpu_ratios[@]}" | median)
-verdict=$(awk -v m="$tps_median" 'BEGIN { print (m >= 0.95) ? "met" : "NOT met" }')
-echo "throughput, 100,000 tenants vs 10: median ${tps_median}x" \
-     "(goal >= 0.95, within 5%: $verdict)"
-echo "server CPU per reserve, 100,000 tenants vs 10: median ${cpu_median}x" \
-     "(1.00 = counting costs the same)"
+     "stats_max_entries $max_entries; medians over the rounds"
+printf '%-38s %12s %16s %8s\n' "" "10 tenants" "100,000 tenants" ratio
+printf '%-38s %12s %16s %8s\n' "with the stats table (tps)" \
+    "$(median_tps stats.10)" "$(median_tps stats.100000)" \
+    "$(median_ratio stats.100000 stats.10)"
+printf '%-38s %12s %16s %8s\n' "control, counting nothing (tps)" \
+    "$(median_tps none.10)" "$(median_tps none.100000)" \
+    "$(median_ratio none.100000 none.10)"
+goal=$(median_ratio stats.100000 stats.10)
+echo "100,000 tenants vs 10, with the stats table: ${goal}x" \
+     "(goal >= 0.95, within 5%:" \
+     "$(awk -v m="$goal" 'BEGIN { print (m >= 0.95) ? "met)" : "NOT met)" }')"
+control=$(median_ratio none.100000 none.10)
+echo "the same without counting (control): ${control}x; what the stats" \
+     "table's churn adds: $(awk -v a="$goal" -v b="$control" \
+        'BEGIN { printf "%.3f", a / b }')x"
 dropdb "$DB"
+PGHOST=$ctl PGPORT=$ctl_port dropdb "$DB"
