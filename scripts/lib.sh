@@ -30,6 +30,11 @@ case $PG in
         ;;
 esac
 PG_CONFIG=$PG_PREFIX/bin/pg_config
+if [ "$PG" = 18 ] && [ -n "${IDEM_DESTDIR:-}" ]; then
+    # Debian's PostgreSQL 18 has no extension_destdir any more
+    echo "IDEM_DESTDIR works with PG=15 and PG=17; PG=18 installs into its own server" >&2
+    exit 1
+fi
 export PG PG_CONFIG PATH="$PG_PREFIX/bin:$PATH"
 # Clusters are UTF-8 whatever the caller's locale (CI may have none).
 export LANG=C.UTF-8 LC_ALL=C.UTF-8
