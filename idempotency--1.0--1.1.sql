@@ -285,3 +285,259 @@ CREATE OR REPLACE VIEW idempotency.dead_letters AS
            last_error, leased_by AS last_worker, created_at, payload, headers
       FROM idempotency.outbox
      WHERE status OPERATOR(pg_catalog.=) 'dead';
+
+/*
+ * Retryable failures: idem_complete(..., retryable => true) releases the
+ * key whatever the status code, and a scope may list status codes that are
+ * never stored (retryable_codes).
+ */
+ALTER TABLE idempotency.scopes ADD COLUMN retryable_codes int[];
+
+DROP FUNCTION @extschema@.idem_complete(text, text, text, int, jsonb, jsonb, uuid);
+CREATE FUNCTION @extschema@.idem_complete(tenant text, scope text, key text,
+                              response_code int, response_body jsonb,
+                              response_headers jsonb DEFAULT NULL,
+                              lock_token uuid DEFAULT NULL,
+                              retryable bool DEFAULT false)
+RETURNS idempotency.status
+AS 'MODULE_PATHNAME', 'idem_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.idem_complete(text, text, text, int, jsonb, jsonb, uuid, bool) IS
+'store the response of a reservation (2xx/3xx succeeded, 4xx failed); release the key instead when retryable, for the scope''s retryable_codes, and for 5xx unless cached';
+
+REVOKE ALL ON FUNCTION @extschema@.idem_complete(text, text, text, int, jsonb, jsonb, uuid, bool) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.idem_complete(text, text, text, int, jsonb, jsonb, uuid, bool)
+    TO idempotency_app;
+
+CREATE OR REPLACE FUNCTION @extschema@.idem_configure_scope(scope text, options jsonb)
+RETURNS idempotency.scopes
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    valid constant text[] := ARRAY['ttl', 'lock_timeout', 'cache_server_errors',
+                                   'stale_action', 'fingerprint_ignore',
+                                   'retryable_codes'];
+    unknown text;
+    opt text;
+    v jsonb;
+    iv interval;
+    p_ttl interval;
+    p_lock_timeout interval;
+    p_cache bool := false;
+    p_stale idempotency.stale_action := 'fail';
+    p_ignore text[];
+    p_retryable int[];
+    result idempotency.scopes;
+BEGIN
+    IF scope IS NULL OR scope = '' THEN
+        RAISE EXCEPTION 'scope must not be null or empty'
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Pass the name of the scope to configure.';
+    END IF;
+    IF pg_catalog.octet_length(scope) > 255 THEN
+        RAISE EXCEPTION 'scope name is longer than 255 bytes'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Name scopes briefly, such as "POST /v1/charges".';
+    END IF;
+    IF options IS NULL OR pg_catalog.jsonb_typeof(options) <> 'object' THEN
+        RAISE EXCEPTION 'scope options must be a JSON object'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass an object such as {"ttl": "1 day", "stale_action": "takeover"}.';
+    END IF;
+    SELECT k INTO unknown
+      FROM pg_catalog.jsonb_object_keys(options) AS k
+     WHERE k <> ALL (valid)
+     ORDER BY k LIMIT 1;
+    IF unknown IS NOT NULL THEN
+        RAISE EXCEPTION 'unknown scope option "%"', unknown
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'Valid options are: ' || pg_catalog.array_to_string(valid, ', ') || '.';
+    END IF;
+
+    FOREACH opt IN ARRAY ARRAY['ttl', 'lock_timeout'] LOOP
+        v := options -> opt;
+        CONTINUE WHEN v IS NULL OR v = 'null';
+        IF pg_catalog.jsonb_typeof(v) NOT IN ('string', 'number') THEN
+            RAISE EXCEPTION 'scope option "%" must be an interval', opt
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass an interval as text, such as "1 day", or a number of seconds.';
+        END IF;
+        IF pg_catalog.jsonb_typeof(v) = 'number' THEN
+            iv := pg_catalog.make_interval(secs => (v #>> '{}')::float8);
+        ELSE
+            iv := (v #>> '{}')::interval;
+        END IF;
+        IF iv <= interval '0' THEN
+            RAISE EXCEPTION 'scope option "%" must be positive', opt
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass a positive interval, or null for the default.';
+        END IF;
+        IF opt = 'ttl' THEN
+            p_ttl := iv;
+        ELSE
+            p_lock_timeout := iv;
+        END IF;
+    END LOOP;
+
+    v := options -> 'cache_server_errors';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'boolean' THEN
+            RAISE EXCEPTION 'scope option "cache_server_errors" must be a boolean'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass true to store and replay 5xx responses, false to release the key on them.';
+        END IF;
+        p_cache := v::text::bool;
+    END IF;
+
+    v := options -> 'stale_action';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'string'
+           OR (v #>> '{}') NOT IN ('fail', 'takeover') THEN
+            RAISE EXCEPTION 'scope option "stale_action" must be "fail" or "takeover"'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Use "fail" to flag stale reservations for reconciliation, "takeover" to hand them to the next attempt.';
+        END IF;
+        p_stale := (v #>> '{}')::idempotency.stale_action;
+    END IF;
+
+    v := options -> 'fingerprint_ignore';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'array'
+           OR EXISTS (SELECT FROM pg_catalog.jsonb_array_elements(v) AS e
+                       WHERE pg_catalog.jsonb_typeof(e) <> 'string'
+                          OR pg_catalog.left(e #>> '{}', 1) <> '/') THEN
+            RAISE EXCEPTION 'scope option "fingerprint_ignore" must be an array of JSON Pointers'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass RFC 6901 pointers to the request members to leave out, such as ["/timestamp", "/meta/trace_id"].';
+        END IF;
+        SELECT pg_catalog.array_agg(e ORDER BY n) INTO p_ignore
+          FROM pg_catalog.jsonb_array_elements_text(v) WITH ORDINALITY AS a(e, n);
+        -- the fingerprint module's own checks of the pointers, before the write
+        PERFORM @extschema@.idem_fingerprint('{}'::jsonb, p_ignore);
+    END IF;
+
+    v := options -> 'retryable_codes';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'array'
+           OR EXISTS (SELECT FROM pg_catalog.jsonb_array_elements(v) AS e
+                       WHERE pg_catalog.jsonb_typeof(e) <> 'number'
+                          OR (e #>> '{}')::numeric NOT BETWEEN 100 AND 599
+                          OR (e #>> '{}')::numeric <> pg_catalog.trunc((e #>> '{}')::numeric)) THEN
+            RAISE EXCEPTION 'scope option "retryable_codes" must be an array of status codes from 100 to 599'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'List the codes whose responses are never stored, so that a retry runs afresh, such as [408, 429, 503].';
+        END IF;
+        SELECT pg_catalog.array_agg(DISTINCT (e #>> '{}')::int ORDER BY (e #>> '{}')::int) INTO p_retryable
+          FROM pg_catalog.jsonb_array_elements(v) AS e;
+    END IF;
+
+    INSERT INTO idempotency.scopes AS s
+           (scope, ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore,
+            retryable_codes)
+    VALUES (idem_configure_scope.scope, p_ttl, p_lock_timeout, p_cache, p_stale, p_ignore,
+            p_retryable)
+    ON CONFLICT ON CONSTRAINT scopes_pkey DO UPDATE SET
+        ttl = CASE WHEN options ? 'ttl' THEN EXCLUDED.ttl ELSE s.ttl END,
+        lock_timeout = CASE WHEN options ? 'lock_timeout' THEN EXCLUDED.lock_timeout ELSE s.lock_timeout END,
+        cache_server_errors = CASE WHEN options ? 'cache_server_errors' THEN EXCLUDED.cache_server_errors ELSE s.cache_server_errors END,
+        stale_action = CASE WHEN options ? 'stale_action' THEN EXCLUDED.stale_action ELSE s.stale_action END,
+        fingerprint_ignore = CASE WHEN options ? 'fingerprint_ignore' THEN EXCLUDED.fingerprint_ignore ELSE s.fingerprint_ignore END,
+        retryable_codes = CASE WHEN options ? 'retryable_codes' THEN EXCLUDED.retryable_codes ELSE s.retryable_codes END
+    RETURNING s.* INTO result;
+    RETURN result;
+END
+$$;
+
+COMMENT ON FUNCTION @extschema@.idem_configure_scope(text, jsonb) IS
+'set the policy of a scope: ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore, retryable_codes';
+
+/* ---- guard.c: the coverage guard ---- */
+
+/*
+ * Trigger function for business tables: a write from a transaction that
+ * holds no reservation in one of the scopes given as trigger arguments
+ * (any scope without arguments) fails with SQLSTATE ID001.  It reads no
+ * table and can only run as a trigger, so EXECUTE stays with PUBLIC: every
+ * table owner may attach it.
+ */
+CREATE FUNCTION @extschema@.idem_require_reservation()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_require_reservation'
+LANGUAGE C;
+
+COMMENT ON FUNCTION @extschema@.idem_require_reservation() IS
+'coverage guard: refuse writes to the table from transactions holding no idempotency reservation in the scopes given as arguments';
+
+/* Admin: let the rest of this transaction write without a reservation; logged. */
+CREATE FUNCTION @extschema@.idem_guard_bypass(reason text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_guard_bypass'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION @extschema@.idem_guard_bypass(text) IS
+'let the rest of this transaction write to guarded tables without a reservation (logged with the reason)';
+
+REVOKE ALL ON FUNCTION @extschema@.idem_guard_bypass(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.idem_guard_bypass(text) TO idempotency_admin;
+
+/*
+ * Every table of the database outside the system and the extensions, with
+ * the enabled guards on it: the checklist's "every state-changing path
+ * enforces the key".  scopes is empty when a guard accepts any scope.
+ */
+CREATE VIEW idempotency.guard_coverage AS
+SELECT c.oid::pg_catalog.regclass AS table_name,
+       g.triggers IS NOT NULL AS guarded,
+       CASE WHEN g.triggers IS NOT NULL THEN
+           ARRAY(SELECT e.event FROM (VALUES (4, 'INSERT'), (16, 'UPDATE'),
+                                            (8, 'DELETE'), (32, 'TRUNCATE'))
+                                     AS e(bit, event)
+                  WHERE (g.mask OPERATOR(pg_catalog.&) e.bit) OPERATOR(pg_catalog.<>) 0)
+       END AS events,
+       g.scopes,
+       g.triggers
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+  LEFT JOIN LATERAL (
+       SELECT pg_catalog.array_agg(DISTINCT t.tgname ORDER BY t.tgname) AS triggers,
+              pg_catalog.bit_or(t.tgtype::pg_catalog.int4) AS mask,
+              CASE WHEN pg_catalog.bool_or(t.tgnargs OPERATOR(pg_catalog.=) 0)
+                   THEN '{}'::pg_catalog.text[]
+                   ELSE (SELECT pg_catalog.array_agg(DISTINCT s ORDER BY s)
+                           FROM pg_catalog.unnest(pg_catalog.array_agg(a.args)) AS s)
+              END AS scopes
+         FROM pg_catalog.pg_trigger t
+        CROSS JOIN LATERAL (
+              SELECT pg_catalog.convert_from(
+                         pg_catalog.substring(t.tgargs,
+                                              z.prev OPERATOR(pg_catalog.+) 2,
+                                              z.pos OPERATOR(pg_catalog.-) z.prev OPERATOR(pg_catalog.-) 1),
+                         pg_catalog.getdatabaseencoding()) AS args
+                FROM (SELECT i AS pos,
+                             pg_catalog.lag(i, 1, -1) OVER (ORDER BY i) AS prev
+                        FROM pg_catalog.generate_series(0, pg_catalog.length(t.tgargs) OPERATOR(pg_catalog.-) 1) AS i
+                       WHERE pg_catalog.get_byte(t.tgargs, i) OPERATOR(pg_catalog.=) 0) AS z
+               UNION ALL
+              SELECT NULL WHERE t.tgnargs OPERATOR(pg_catalog.=) 0) AS a
+        WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid
+          AND t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_require_reservation()'::pg_catalog.regprocedure
+          AND t.tgenabled OPERATOR(pg_catalog.<>) 'D'
+       HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 0) AS g ON true
+ WHERE c.relkind OPERATOR(pg_catalog.=) ANY ('{r,p}'::pg_catalog."char"[])
+   AND NOT c.relispartition
+   AND n.nspname OPERATOR(pg_catalog.<>) ALL ('{pg_catalog,information_schema,pg_toast,idempotency}'::pg_catalog.name[])
+   AND n.nspname::pg_catalog.text NOT LIKE 'pg\_temp\_%'
+   AND n.nspname::pg_catalog.text NOT LIKE 'pg\_toast\_temp\_%'
+   AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d
+                    WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                      AND d.objid OPERATOR(pg_catalog.=) c.oid
+                      AND d.deptype OPERATOR(pg_catalog.=) 'e');
+
+COMMENT ON VIEW idempotency.guard_coverage IS
+'every table of the database (outside system schemas and extensions) and the coverage guards that protect it';
+
+REVOKE ALL ON idempotency.guard_coverage FROM PUBLIC;
+GRANT SELECT ON idempotency.guard_coverage TO idempotency_admin, pg_monitor;

@@ -97,6 +97,18 @@ extern struct _SPI_plan *idem_saved_plan(struct _SPI_plan **cache,
 										 Oid *argtypes, int cursor_options);
 
 /* ----------------------------------------------------------------
+ * keys.c: what the coverage guard (guard.c) asks
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Whether this transaction holds a reservation it created, took over or
+ * proved with its lock token (idem_checkpoint, idem_complete), in one of
+ * "scopes" (any scope when nscopes is 0).
+ */
+extern bool idem_holds_reservation(char **scopes, int nscopes);
+
+/* ----------------------------------------------------------------
  * fingerprint.c: RFC 8785 canonical JSON and SHA-256
  * ----------------------------------------------------------------
  */

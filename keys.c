@@ -141,7 +141,11 @@ typedef struct ScopePolicy
 	bool		cache_server_errors;
 	bool		takeover;
 	ArrayType  *ignore;			/* fingerprint_ignore, or NULL */
+	uint64		retryable[8];	/* retryable_codes: bit (code - 100) */
 } ScopePolicy;
+
+#define RETRYABLE_BIT(code) ((uint64) 1 << (((code) - 100) % 64))
+#define RETRYABLE_WORD(code) (((code) - 100) / 64)
 
 typedef struct ScopeCacheEntry
 {
@@ -210,6 +214,7 @@ static bool keys_cache_valid = false;
 static bool keys_callback_registered = false;
 static uint64 keys_inval_count = 0;
 static Oid	scopes_relid = InvalidOid;
+static bool scopes_have_retryable = false;	/* false until the 1.1 update */
 static Oid	outcome_oids[OUTCOME_COUNT];
 static Oid	status_oids[STATUS_COUNT];
 static TupleDesc reservation_desc = NULL;
@@ -254,6 +259,7 @@ typedef struct HeldKey
 	uint64		hash;			/* hash key */
 	SubTransactionId subid;
 	pg_uuid_t	token;
+	char	   *scope;			/* in TopTransactionContext; for the guard */
 } HeldKey;
 
 static HTAB *held_keys = NULL;
@@ -269,6 +275,7 @@ static SPIPlanPtr plan_complete = NULL;
 static SPIPlanPtr plan_delete = NULL;
 static SPIPlanPtr plan_checkpoint = NULL;
 static SPIPlanPtr plan_scope = NULL;
+static SPIPlanPtr plan_scope_10 = NULL;	/* before ALTER EXTENSION UPDATE */
 static SPIPlanPtr plan_lookup = NULL;
 
 PG_FUNCTION_INFO_V1(idem_reserve);
@@ -376,6 +383,8 @@ keys_ensure_cache(void)
 		if (!OidIsValid(scopes_relid) || !OidIsValid(keys_relid) ||
 			!OidIsValid(keys_pkey_relid))
 			elog(ERROR, "tables of the idempotency extension not found");
+		scopes_have_retryable =
+			get_attnum(scopes_relid, "retryable_codes") != InvalidAttrNumber;
 		for (i = 0; i < KEYS_ATT_COUNT; i++)
 		{
 			keys_attnum[i] = get_attnum(keys_relid, keys_att_names[i]);
@@ -619,6 +628,7 @@ held_remember(KeyIdent *id, const pg_uuid_t *token)
 {
 	uint64		hash = keys_hash(id);
 	HeldKey    *entry;
+	bool		found;
 
 	if (!held_callbacks_registered)
 	{
@@ -637,9 +647,49 @@ held_remember(KeyIdent *id, const pg_uuid_t *token)
 		held_keys = hash_create("idempotency reservations of this transaction",
 								16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	}
-	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_ENTER, NULL);
-	entry->subid = GetCurrentSubTransactionId();
+	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_ENTER, &found);
+	if (!found)
+	{
+		/* a later proof of the same key keeps the first (outermost) subid */
+		entry->subid = GetCurrentSubTransactionId();
+		entry->scope = MemoryContextStrdup(TopTransactionContext, id->scope);
+	}
 	entry->token = *token;
+}
+
+/*
+ * idem_holds_reservation
+ *		Whether this transaction holds a reservation it created, took over
+ *		or proved with its lock token, in one of "scopes" (any scope when
+ *		nscopes is 0).  The coverage guard's test: one hash walk over the
+ *		few keys a transaction reserves, no table access.
+ */
+bool
+idem_holds_reservation(char **scopes, int nscopes)
+{
+	HASH_SEQ_STATUS status;
+	HeldKey    *entry;
+
+	if (held_keys == NULL)
+		return false;
+	hash_seq_init(&status, held_keys);
+	while ((entry = (HeldKey *) hash_seq_search(&status)) != NULL)
+	{
+		if (nscopes == 0)
+		{
+			hash_seq_term(&status);
+			return true;
+		}
+		for (int i = 0; i < nscopes; i++)
+		{
+			if (strcmp(entry->scope, scopes[i]) == 0)
+			{
+				hash_seq_term(&status);
+				return true;
+			}
+		}
+	}
+	return false;
 }
 
 /* The token of a reservation this transaction holds, or NULL. */
@@ -765,10 +815,30 @@ reserve_sleep(TimestampTz deadline, long *sleep_ms)
  * context.
  */
 static void
+keys_retryable_bits(ArrayType *codes, uint64 *bits)
+{
+	Datum	   *elems;
+	bool	   *nulls;
+	int			n;
+
+	deconstruct_array(codes, INT4OID, sizeof(int32), true, TYPALIGN_INT,
+					  &elems, &nulls, &n);
+	for (int i = 0; i < n; i++)
+	{
+		int32		code = nulls[i] ? 0 : DatumGetInt32(elems[i]);
+
+		/* idem_configure_scope admits 100 to 599 only */
+		if (code >= 100 && code <= 599)
+			bits[RETRYABLE_WORD(code)] |= RETRYABLE_BIT(code);
+	}
+}
+
+static void
 keys_scope_policy(const char *scope, ScopePolicy *policy)
 {
 	bool		cacheable = strlen(scope) < SCOPE_CACHE_KEYLEN;
 	ScopeCacheEntry *entry;
+	SPIPlanPtr	plan;
 	Oid			argtypes[1] = {TEXTOID};
 	Datum		values[1];
 	bool		isnull;
@@ -789,14 +859,22 @@ keys_scope_policy(const char *scope, ScopePolicy *policy)
 	}
 
 	memset(policy, 0, sizeof(*policy));
-	idem_saved_plan(&plan_scope,
-					"SELECT ttl, lock_timeout, cache_server_errors,"
-					" stale_action OPERATOR(pg_catalog.=) 'takeover',"
-					" fingerprint_ignore"
-					" FROM idempotency.scopes WHERE scope = $1",
-					1, argtypes, 0);
+	if (scopes_have_retryable)
+		plan = idem_saved_plan(&plan_scope,
+							   "SELECT ttl, lock_timeout, cache_server_errors,"
+							   " stale_action OPERATOR(pg_catalog.=) 'takeover',"
+							   " fingerprint_ignore, retryable_codes"
+							   " FROM idempotency.scopes WHERE scope = $1",
+							   1, argtypes, 0);
+	else
+		plan = idem_saved_plan(&plan_scope_10,
+							   "SELECT ttl, lock_timeout, cache_server_errors,"
+							   " stale_action OPERATOR(pg_catalog.=) 'takeover',"
+							   " fingerprint_ignore, NULL::pg_catalog.int4[]"
+							   " FROM idempotency.scopes WHERE scope = $1",
+							   1, argtypes, 0);
 	values[0] = CStringGetTextDatum(scope);
-	rc = SPI_execute_snapshot(plan_scope, values, NULL, GetLatestSnapshot(),
+	rc = SPI_execute_snapshot(plan, values, NULL, GetLatestSnapshot(),
 							  InvalidSnapshot, true, false, 1);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
@@ -825,6 +903,9 @@ keys_scope_policy(const char *scope, ScopePolicy *policy)
 		d = SPI_getbinval(tup, desc, 5, &isnull);
 		if (!isnull)
 			policy->ignore = DatumGetArrayTypePCopy(d);
+		d = SPI_getbinval(tup, desc, 6, &isnull);
+		if (!isnull)
+			keys_retryable_bits(DatumGetArrayTypeP(d), policy->retryable);
 	}
 
 	if (!cacheable)
@@ -1581,44 +1662,59 @@ keys_lock_wait(KeyIdent *id)
 }
 
 /*
- * Store the response of a processing key, or delete the reservation for a
- * 5xx the scope does not cache.  With "token" set, only the reservation
- * holding that lock token matches (fencing).  Returns the new status, or
- * InvalidOid when the reservation was released.
+ * Delete the processing reservation of a key (fenced by "token" when set)
+ * and count the release; a miss raises what keys_explain_no_match says.
+ */
+static void
+keys_delete_reservation(KeyIdent *id, pg_uuid_t *token, const char *action)
+{
+	Oid			argtypes[4] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID};
+	Datum		values[4];
+	char		nulls[4] = "    ";
+
+	idem_saved_plan(&plan_delete,
+					"DELETE FROM idempotency.keys" KEY_WHERE
+					" AND status = 'processing'"
+					" AND ($4::pg_catalog.uuid IS NULL OR lock_token = $4)",
+					4, argtypes, 0);
+	memcpy(values, id->values, sizeof(id->values));
+	values[3] = UUIDPGetDatum(token);
+	nulls[3] = token == NULL ? 'n' : ' ';
+	idem_spi_execute(plan_delete, values, nulls, false, 0);
+	if (SPI_processed == 0)
+		keys_explain_no_match(id, token, action);
+	idem_stats_count(id->tenant, id->scope, IDEM_STAT_RELEASED, 1);
+}
+
+/*
+ * Store the response of a processing key, or delete the reservation: when
+ * the caller says the failure is retryable, for a status code the scope
+ * lists in retryable_codes, and for a 5xx the scope does not cache.  With
+ * "token" set, only the reservation holding that lock token matches
+ * (fencing).  Returns the new status, or InvalidOid when the reservation
+ * was released.
  */
 static Oid
-keys_finish(KeyIdent *id, int32 code, Datum body, bool body_null,
-			Datum headers, bool headers_null, pg_uuid_t *token,
-			const char *action)
+keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
+					  Datum headers, bool headers_null, bool retryable,
+					  pg_uuid_t *token, const char *action)
 {
 	Datum		values[9];
 	char		nulls[9];
+	ScopePolicy policy;
 
 	memcpy(values, id->values, sizeof(id->values));
 	memset(nulls, ' ', sizeof(nulls));
 
-	if (code >= 500)
+	keys_scope_policy(id->scope, &policy);
+	if (!retryable)
+		retryable = (policy.retryable[RETRYABLE_WORD(code)] &
+					 RETRYABLE_BIT(code)) != 0 ||
+			(code >= 500 && !policy.cache_server_errors);
+	if (retryable)
 	{
-		ScopePolicy policy;
-
-		keys_scope_policy(id->scope, &policy);
-		if (!policy.cache_server_errors)
-		{
-			Oid			argtypes[4] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID};
-
-			idem_saved_plan(&plan_delete,
-							"DELETE FROM idempotency.keys" KEY_WHERE
-							" AND status = 'processing'"
-							" AND ($4::pg_catalog.uuid IS NULL OR lock_token = $4)",
-							4, argtypes, 0);
-			values[3] = UUIDPGetDatum(token);
-			nulls[3] = token == NULL ? 'n' : ' ';
-			idem_spi_execute(plan_delete, values, nulls, false, 0);
-			if (SPI_processed == 0)
-				keys_explain_no_match(id, token, action);
-			idem_stats_count(id->tenant, id->scope, IDEM_STAT_RELEASED, 1);
-			return InvalidOid;
-		}
+		keys_delete_reservation(id, token, action);
+		return InvalidOid;
 	}
 
 	{
@@ -1655,29 +1751,42 @@ keys_finish(KeyIdent *id, int32 code, Datum body, bool body_null,
 
 /*
  * idem_complete(tenant, scope, key, response_code, response_body,
- *				 response_headers, lock_token) RETURNS idempotency.status
- *		Store the response of a reservation: 2xx/3xx succeeded, 4xx failed,
- *		5xx released (NULL) unless the scope caches server errors.  Waits
- *		for the key's lock; writes the key's row.
+ *				 response_headers, lock_token, retryable)
+ *		RETURNS idempotency.status
+ *		Store the response of a reservation: 2xx/3xx succeeded, 4xx failed;
+ *		released (NULL) when "retryable" is true, for a code the scope lists
+ *		in retryable_codes, and for a 5xx unless the scope caches server
+ *		errors.  Waits for the key's lock; writes the key's row.  The 1.0
+ *		declaration has no "retryable" argument.
  */
 Datum
 idem_complete(PG_FUNCTION_ARGS)
 {
 	KeyIdent	id;
 	pg_uuid_t  *token = PG_ARGISNULL(6) ? NULL : PG_GETARG_UUID_P(6);
+	bool		retryable = false;
 	Oid			status;
 
 	keys_ident_from_args(fcinfo, &id);
 	keys_check_response(fcinfo, 3, 4, 5);
+	if (PG_NARGS() > 7)
+	{
+		if (PG_ARGISNULL(7))
+			idem_null_argument("retryable");
+		retryable = PG_GETARG_BOOL(7);
+	}
 
 	keys_ensure_cache();
 	idem_spi_connect();
 	keys_lock_wait(&id);
 	token = keys_fence_token(&id, token, "complete");
-	status = keys_finish(&id, PG_GETARG_INT32(3),
-						 PG_GETARG_DATUM(4), PG_ARGISNULL(4),
-						 PG_GETARG_DATUM(5), PG_ARGISNULL(5), token,
-						 "complete");
+	status = keys_store_or_release(&id, PG_GETARG_INT32(3),
+								   PG_GETARG_DATUM(4), PG_ARGISNULL(4),
+								   PG_GETARG_DATUM(5), PG_ARGISNULL(5),
+								   retryable, token, "complete");
+	/* the transaction proved it holds the key: the guard lets it write */
+	if (OidIsValid(status))
+		held_remember(&id, token);
 	SPI_finish();
 	if (!OidIsValid(status))
 		PG_RETURN_NULL();
@@ -1702,9 +1811,9 @@ idem_resolve(PG_FUNCTION_ARGS)
 	keys_ensure_cache();
 	idem_spi_connect();
 	keys_lock_wait(&id);
-	status = keys_finish(&id, PG_GETARG_INT32(3),
-						 PG_GETARG_DATUM(4), PG_ARGISNULL(4),
-						 (Datum) 0, true, NULL, "resolve");
+	status = keys_store_or_release(&id, PG_GETARG_INT32(3),
+								   PG_GETARG_DATUM(4), PG_ARGISNULL(4),
+								   (Datum) 0, true, false, NULL, "resolve");
 	SPI_finish();
 	if (!OidIsValid(status))
 		PG_RETURN_NULL();
@@ -1750,6 +1859,8 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	idem_spi_execute(plan_checkpoint, values, nulls, false, 0);
 	if (SPI_processed == 0)
 		keys_explain_no_match(&id, token, "checkpoint");
+	/* the transaction proved it holds the key: the guard lets it write */
+	held_remember(&id, token);
 	SPI_finish();
 	PG_RETURN_VOID();
 }
@@ -1763,9 +1874,6 @@ Datum
 idem_release(PG_FUNCTION_ARGS)
 {
 	KeyIdent	id;
-	Oid			argtypes[4] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID};
-	Datum		values[4];
-	char		nulls[4] = "    ";
 	pg_uuid_t  *token;
 
 	keys_ident_from_args(fcinfo, &id);
@@ -1775,17 +1883,7 @@ idem_release(PG_FUNCTION_ARGS)
 	idem_spi_connect();
 	keys_lock_wait(&id);
 	token = keys_fence_token(&id, token, "release");
-	idem_saved_plan(&plan_delete,
-					"DELETE FROM idempotency.keys" KEY_WHERE
-					" AND status = 'processing'"
-					" AND ($4::pg_catalog.uuid IS NULL OR lock_token = $4)",
-					4, argtypes, 0);
-	memcpy(values, id.values, sizeof(id.values));
-	values[3] = UUIDPGetDatum(token);
-	idem_spi_execute(plan_delete, values, nulls, false, 0);
-	if (SPI_processed == 0)
-		keys_explain_no_match(&id, token, "release");
-	idem_stats_count(id.tenant, id.scope, IDEM_STAT_RELEASED, 1);
+	keys_delete_reservation(&id, token, "release");
 	SPI_finish();
 	PG_RETURN_VOID();
 }

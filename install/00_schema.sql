@@ -111,6 +111,7 @@ CREATE TABLE idempotency.scopes (
     cache_server_errors bool NOT NULL DEFAULT false,
     stale_action        idempotency.stale_action NOT NULL DEFAULT 'fail',
     fingerprint_ignore  text[],
+    retryable_codes     int[],
     CONSTRAINT scopes_ttl_positive CHECK (ttl > interval '0'),
     CONSTRAINT scopes_lock_timeout_positive CHECK (lock_timeout > interval '0')
 );

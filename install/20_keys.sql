@@ -28,14 +28,15 @@ COMMENT ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval, by
 CREATE FUNCTION idem_complete(tenant text, scope text, key text,
                               response_code int, response_body jsonb,
                               response_headers jsonb DEFAULT NULL,
-                              lock_token uuid DEFAULT NULL)
+                              lock_token uuid DEFAULT NULL,
+                              retryable bool DEFAULT false)
 RETURNS idempotency.status
 AS 'MODULE_PATHNAME', 'idem_complete'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
-COMMENT ON FUNCTION idem_complete(text, text, text, int, jsonb, jsonb, uuid) IS
-'store the response of a reservation (2xx/3xx succeeded, 4xx failed, 5xx released unless cached)';
+COMMENT ON FUNCTION idem_complete(text, text, text, int, jsonb, jsonb, uuid, bool) IS
+'store the response of a reservation (2xx/3xx succeeded, 4xx failed); release the key instead when retryable, for the scope''s retryable_codes, and for 5xx unless cached';
 
 CREATE FUNCTION idem_checkpoint(tenant text, scope text, key text,
                                 recovery_point text, lock_token uuid DEFAULT NULL)
@@ -87,9 +88,9 @@ REVOKE EXECUTE ON FUNCTION idem_resolve(text, text, text, int, jsonb) FROM PUBLI
 /*
  * Admin: set a scope's policy.  "options" is a JSON object with any of ttl,
  * lock_timeout (interval text or seconds), cache_server_errors (boolean),
- * stale_action ("fail" or "takeover") and fingerprint_ignore (array of JSON
- * Pointers); a member set to null goes back to the default, members not
- * given keep their value.  Everything is checked before the row is written.
+ * stale_action ("fail" or "takeover"), fingerprint_ignore (array of JSON
+ * Pointers) and retryable_codes (status codes never stored); a member set
+ * to null goes back to the default, members not given keep their value.  Everything is checked before the row is written.
  */
 CREATE FUNCTION idem_configure_scope(scope text, options jsonb)
 RETURNS idempotency.scopes
@@ -98,7 +99,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     valid constant text[] := ARRAY['ttl', 'lock_timeout', 'cache_server_errors',
-                                   'stale_action', 'fingerprint_ignore'];
+                                   'stale_action', 'fingerprint_ignore',
+                                   'retryable_codes'];
     unknown text;
     opt text;
     v jsonb;
@@ -108,12 +110,18 @@ DECLARE
     p_cache bool := false;
     p_stale idempotency.stale_action := 'fail';
     p_ignore text[];
+    p_retryable int[];
     result idempotency.scopes;
 BEGIN
     IF scope IS NULL OR scope = '' THEN
         RAISE EXCEPTION 'scope must not be null or empty'
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'Pass the name of the scope to configure.';
+    END IF;
+    IF pg_catalog.octet_length(scope) > 255 THEN
+        RAISE EXCEPTION 'scope name is longer than 255 bytes'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Name scopes briefly, such as "POST /v1/charges".';
     END IF;
     IF options IS NULL OR pg_catalog.jsonb_typeof(options) <> 'object' THEN
         RAISE EXCEPTION 'scope options must be a JSON object'
@@ -192,22 +200,40 @@ BEGIN
         PERFORM @extschema@.idem_fingerprint('{}'::jsonb, p_ignore);
     END IF;
 
+    v := options -> 'retryable_codes';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'array'
+           OR EXISTS (SELECT FROM pg_catalog.jsonb_array_elements(v) AS e
+                       WHERE pg_catalog.jsonb_typeof(e) <> 'number'
+                          OR (e #>> '{}')::numeric NOT BETWEEN 100 AND 599
+                          OR (e #>> '{}')::numeric <> pg_catalog.trunc((e #>> '{}')::numeric)) THEN
+            RAISE EXCEPTION 'scope option "retryable_codes" must be an array of status codes from 100 to 599'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'List the codes whose responses are never stored, so that a retry runs afresh, such as [408, 429, 503].';
+        END IF;
+        SELECT pg_catalog.array_agg(DISTINCT (e #>> '{}')::int ORDER BY (e #>> '{}')::int) INTO p_retryable
+          FROM pg_catalog.jsonb_array_elements(v) AS e;
+    END IF;
+
     INSERT INTO idempotency.scopes AS s
-           (scope, ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore)
-    VALUES (idem_configure_scope.scope, p_ttl, p_lock_timeout, p_cache, p_stale, p_ignore)
+           (scope, ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore,
+            retryable_codes)
+    VALUES (idem_configure_scope.scope, p_ttl, p_lock_timeout, p_cache, p_stale, p_ignore,
+            p_retryable)
     ON CONFLICT ON CONSTRAINT scopes_pkey DO UPDATE SET
         ttl = CASE WHEN options ? 'ttl' THEN EXCLUDED.ttl ELSE s.ttl END,
         lock_timeout = CASE WHEN options ? 'lock_timeout' THEN EXCLUDED.lock_timeout ELSE s.lock_timeout END,
         cache_server_errors = CASE WHEN options ? 'cache_server_errors' THEN EXCLUDED.cache_server_errors ELSE s.cache_server_errors END,
         stale_action = CASE WHEN options ? 'stale_action' THEN EXCLUDED.stale_action ELSE s.stale_action END,
-        fingerprint_ignore = CASE WHEN options ? 'fingerprint_ignore' THEN EXCLUDED.fingerprint_ignore ELSE s.fingerprint_ignore END
+        fingerprint_ignore = CASE WHEN options ? 'fingerprint_ignore' THEN EXCLUDED.fingerprint_ignore ELSE s.fingerprint_ignore END,
+        retryable_codes = CASE WHEN options ? 'retryable_codes' THEN EXCLUDED.retryable_codes ELSE s.retryable_codes END
     RETURNING s.* INTO result;
     RETURN result;
 END
 $$;
 
 COMMENT ON FUNCTION idem_configure_scope(text, jsonb) IS
-'set the policy of a scope: ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore';
+'set the policy of a scope: ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore, retryable_codes';
 
 REVOKE EXECUTE ON FUNCTION idem_configure_scope(text, jsonb) FROM PUBLIC;
 
@@ -223,12 +249,12 @@ LANGUAGE C;
 REVOKE EXECUTE ON FUNCTION idempotency.scopes_changed() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval, bytea),
-    idem_complete(text, text, text, int, jsonb, jsonb, uuid),
+    idem_complete(text, text, text, int, jsonb, jsonb, uuid, bool),
     idem_checkpoint(text, text, text, text, uuid),
     idem_release(text, text, text, uuid),
     idem_lookup(text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval, bytea),
-    idem_complete(text, text, text, int, jsonb, jsonb, uuid),
+    idem_complete(text, text, text, int, jsonb, jsonb, uuid, bool),
     idem_checkpoint(text, text, text, text, uuid),
     idem_release(text, text, text, uuid),
     idem_lookup(text, text, text) TO idempotency_app;

@@ -6,7 +6,7 @@ SELECT idem_canonical('{"b": 1, "a": [1.50, "x"]}');
 SELECT idem_canonical('{"b": 1, "a": 2}', '{/b}');
 SELECT encode(idem_fingerprint('{"amount": 1}'), 'hex');
 SELECT encode(idem_fingerprint('{"amount": 1, "t": 2}', '{/t}'), 'hex');
-SELECT scope, ttl FROM idem_configure_scope('untyped', '{"ttl": "1 day"}');
+SELECT scope, ttl, retryable_codes FROM idem_configure_scope('untyped', '{"ttl": "1 day", "retryable_codes": [429]}');
 
 BEGIN;
 SELECT outcome FROM idem_reserve('ut', 'untyped', 'k1', '{"amount": 1}');
@@ -22,6 +22,11 @@ SELECT idem_release('ut', 'untyped', 'k3', :'tok');
 SELECT status FROM idem_lookup('ut', 'untyped', 'k1');
 SELECT outcome FROM idem_reserve('ut', 'untyped', 'k4', '{}');
 SELECT idem_resolve('ut', 'untyped', 'k4', '200', '{}');
+BEGIN;
+SELECT outcome FROM idem_reserve('ut', 'untyped', 'k5', '{}');
+SELECT idem_complete('ut', 'untyped', 'k5', '503', '{}', '{}', NULL, 'true') IS NULL AS released;
+SELECT idem_guard_bypass('untyped literals');
+COMMIT;
 SELECT id AS id1, lease_token AS t1 FROM outbox_claim('w', '1', '1 minute', '{topic}', 'ut') \gset
 SELECT outbox_nack('ut', :'id1', :'t1', 'failed', '0');
 SELECT id AS id2, lease_token AS t2 FROM outbox_claim('w', '1', '1 minute') \gset

@@ -1,0 +1,142 @@
+-- The coverage guard: a trigger that refuses writes from transactions
+-- holding no reservation; the logged bypass for administrators; the audit
+-- view of every table.
+CREATE FUNCTION pg_temp.err(sql text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    st text;
+    msg text;
+    detail text;
+    hint text;
+BEGIN
+    EXECUTE sql;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+                            detail = PG_EXCEPTION_DETAIL, hint = PG_EXCEPTION_HINT;
+    RETURN st || ' ' || msg || E'\n    detail: ' || coalesce(detail, '(none)')
+              || E'\n      hint: ' || coalesce(hint, '(none)');
+END
+$$;
+
+CREATE SCHEMA shop;
+CREATE TABLE shop.charges (id int PRIMARY KEY, amount int);
+CREATE TABLE shop.refunds (id int PRIMARY KEY, charge_id int);
+CREATE TABLE shop.audit_log (id serial PRIMARY KEY, line text);
+CREATE TABLE shop.orders (id int, region text) PARTITION BY LIST (region);
+CREATE TABLE shop.orders_eu PARTITION OF shop.orders FOR VALUES IN ('eu');
+CREATE TRIGGER charges_need_key BEFORE INSERT OR UPDATE OR DELETE ON shop.charges
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_require_reservation('POST /v1/charges');
+CREATE TRIGGER refunds_need_key BEFORE INSERT ON shop.refunds
+    FOR EACH ROW EXECUTE FUNCTION idem_require_reservation('POST /v1/refunds', 'POST /v1/charges');
+CREATE TRIGGER orders_need_key AFTER INSERT OR UPDATE ON shop.orders
+    FOR EACH ROW EXECUTE FUNCTION idem_require_reservation();
+
+-- a write path without a key is refused (ID001), before anything is written
+SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (1, 10)$$);
+SELECT pg_temp.err($$UPDATE shop.charges SET amount = 0$$);
+SELECT pg_temp.err($$DELETE FROM shop.charges$$);
+SELECT pg_temp.err($$INSERT INTO shop.refunds VALUES (1, 1)$$);
+SELECT pg_temp.err($$INSERT INTO shop.orders VALUES (1, 'eu')$$);
+SELECT count(*) FROM shop.charges;
+-- an unguarded table takes writes as before
+INSERT INTO shop.audit_log (line) VALUES ('unguarded');
+
+-- with a reservation in the right scope the writes go through
+BEGIN;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-1', '{"amount": 10}'::jsonb);
+INSERT INTO shop.charges VALUES (1, 10);
+INSERT INTO shop.refunds VALUES (1, 1);
+INSERT INTO shop.orders VALUES (1, 'eu');
+SELECT idem_complete('g_a', 'POST /v1/charges', 'c-1', 201, '{"id": 1}');
+-- still inside the transaction that completed it
+UPDATE shop.charges SET amount = 11 WHERE id = 1;
+COMMIT;
+SELECT * FROM shop.charges;
+-- a reservation of another scope does not open the charges table
+BEGIN;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/refunds', 'r-1', '{"charge": 1}'::jsonb);
+INSERT INTO shop.refunds VALUES (2, 1);
+SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (2, 20)$$);
+ROLLBACK;
+-- the reservation belongs to the transaction: the next one holds none
+SELECT pg_temp.err($$UPDATE shop.charges SET amount = 12$$);
+-- a replay is not a reservation
+BEGIN;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-1', '{"amount": 10}'::jsonb);
+SELECT pg_temp.err($$UPDATE shop.charges SET amount = 12$$);
+ROLLBACK;
+-- a reservation made in a rolled-back savepoint is gone with it
+BEGIN;
+SAVEPOINT s;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-sp', '{"amount": 3}'::jsonb);
+ROLLBACK TO SAVEPOINT s;
+SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (3, 30)$$);
+ROLLBACK;
+-- a later proof in a savepoint does not drop the outer reservation
+BEGIN;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-sp2', '{"amount": 3}'::jsonb);
+SAVEPOINT s;
+SELECT idem_checkpoint('g_a', 'POST /v1/charges', 'c-sp2', 'step-1');
+ROLLBACK TO SAVEPOINT s;
+INSERT INTO shop.charges VALUES (3, 30);
+SELECT idem_complete('g_a', 'POST /v1/charges', 'c-sp2', 201, '{}');
+COMMIT;
+-- two-phase: the second transaction proves its reservation with the token
+SELECT lock_token AS tok FROM idem_reserve('g_a', 'POST /v1/charges', 'c-2p', '{"amount": 4}'::jsonb) \gset
+BEGIN;
+SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (4, 40)$$);
+SELECT idem_checkpoint('g_a', 'POST /v1/charges', 'c-2p', 'charged', lock_token => :'tok');
+INSERT INTO shop.charges VALUES (4, 40);
+SELECT idem_complete('g_a', 'POST /v1/charges', 'c-2p', 201, '{}', lock_token => :'tok');
+COMMIT;
+-- a wrong token proves nothing
+SELECT lock_token AS tok2 FROM idem_reserve('g_a', 'POST /v1/charges', 'c-2q', '{"amount": 5}'::jsonb) \gset
+BEGIN;
+SELECT pg_temp.err($$SELECT idem_checkpoint('g_a', 'POST /v1/charges', 'c-2q', 'x', lock_token => '00000000-0000-0000-0000-000000000000')$$);
+ROLLBACK;
+BEGIN;
+SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (5, 50)$$);
+ROLLBACK;
+
+-- the bypass: administrators only, inside a transaction block, with a reason
+CREATE ROLE guard_app IN ROLE idempotency_app;
+CREATE ROLE guard_admin IN ROLE idempotency_admin;
+GRANT USAGE ON SCHEMA shop TO guard_app, guard_admin;
+GRANT INSERT, UPDATE, DELETE, SELECT ON shop.charges TO guard_app, guard_admin;
+SET ROLE guard_app;
+BEGIN;
+SELECT pg_temp.err($$SELECT idem_guard_bypass('backfill')$$);
+ROLLBACK;
+RESET ROLE;
+SET ROLE guard_admin;
+-- outside a transaction block it would end at once (25P01)
+SELECT idem_guard_bypass('backfill');
+BEGIN;
+SELECT pg_temp.err($$SELECT idem_guard_bypass('')$$);
+SELECT pg_temp.err($$SELECT idem_guard_bypass(NULL)$$);
+ROLLBACK;
+BEGIN;
+SELECT idem_guard_bypass('migration 0042: backfill charges');
+INSERT INTO shop.charges VALUES (6, 60);
+UPDATE shop.charges SET amount = amount + 1 WHERE id = 6;
+COMMIT;
+-- the bypass ended with its transaction
+SELECT pg_temp.err($$DELETE FROM shop.charges WHERE id = 6$$);
+RESET ROLE;
+SELECT id, amount FROM shop.charges ORDER BY id;
+
+-- called directly, it says what it is
+SELECT pg_temp.err($$SELECT idem_require_reservation()$$);
+
+-- the audit view: every table of the database and its guards
+SELECT table_name, guarded, events, scopes, triggers
+  FROM idempotency.guard_coverage
+ WHERE table_name::text LIKE 'shop.%' ORDER BY table_name::text;
+ALTER TABLE shop.refunds DISABLE TRIGGER refunds_need_key;
+SELECT table_name, guarded FROM idempotency.guard_coverage WHERE table_name = 'shop.refunds'::regclass;
+-- the extension's own tables are not listed
+SELECT count(*) FROM idempotency.guard_coverage WHERE table_name::text LIKE 'idempotency.%';
+
+DROP SCHEMA shop CASCADE;
+DROP ROLE guard_app, guard_admin;
