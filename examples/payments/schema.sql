@@ -17,3 +17,11 @@ CREATE TABLE IF NOT EXISTS payments.charges (
     created_at   timestamptz NOT NULL DEFAULT now(),
     UNIQUE (tenant_id, idem_key)
 );
+
+-- Every charge is written under an idempotency key: a code path that
+-- inserts a charge without reserving a key of the "charges" scope in its
+-- transaction fails (SQLSTATE ID001) instead of charging twice on a retry.
+-- The worker only updates charges, so the guard covers INSERT.
+CREATE OR REPLACE TRIGGER charges_need_key
+    BEFORE INSERT ON payments.charges
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_require_reservation('charges');

@@ -194,6 +194,28 @@ sub run_payments_e2e
 	ok(wait_http("$provider_url/_ledger"), 'provider is up');
 	ok(wait_http("$service_url/healthz"), 'service is up');
 
+	# the coverage guard: a write path that skips the key is refused
+	my ($rc, $out, $err) = $node->psql('postgres',
+		"INSERT INTO payments.charges (tenant_id, idem_key, amount, currency, customer)"
+		  . " VALUES ('acme', 'no-key', 1, 'EUR', 'cus_x')",
+		extra_params => [ '-U', 'payments_service', '-v', 'VERBOSITY=verbose' ]);
+	like($err, qr/ID001: INSERT into payments\.charges requires an idempotency reservation/,
+		'an INSERT into payments.charges without a reserved key is refused (ID001)');
+	is(psql1("SELECT count(*) FROM payments.charges WHERE idem_key = 'no-key'"),
+		0, 'and nothing was written');
+	is( $node->safe_psql('postgres',
+			"SELECT guarded || ' ' || events::text || ' ' || scopes::text FROM idempotency.guard_coverage"
+			  . " WHERE table_name = 'payments.charges'::regclass",
+			extra_params => [ '-U', 'payments_ops' ]),
+		'true {INSERT} {charges}',
+		'the operator sees payments.charges guarded in idempotency.guard_coverage');
+	$node->safe_psql('postgres',
+		"BEGIN; SELECT idem_guard_bypass('e2e: the bypass is logged'); ROLLBACK;",
+		extra_params => [ '-U', 'payments_ops' ]);
+	ok( $node->log_contains(
+			qr/coverage guard bypassed by role "payments_ops" \(session user "payments_ops"\): e2e: the bypass is logged/),
+		'a bypass by the operator is written to the server log');
+
 	# ---- single requests: the HTTP contract
 	my $body = '{"amount": 12.50, "currency": "EUR", "customer": "cus_1"}';
 	my $r = post_charge('tok_acme', undef, $body);
