@@ -46,29 +46,12 @@
 PG_FUNCTION_INFO_V1(idem_require_reservation);
 PG_FUNCTION_INFO_V1(idem_guard_bypass);
 
-/* The transaction that called idem_guard_bypass, if any. */
-static TransactionId guard_bypass_xid = InvalidTransactionId;
-static bool guard_bypass_active = false;
-static bool guard_callback_registered = false;
-
-static void
-guard_xact_callback(XactEvent event, void *arg)
-{
-	(void) arg;
-	switch (event)
-	{
-		case XACT_EVENT_COMMIT:
-		case XACT_EVENT_PARALLEL_COMMIT:
-		case XACT_EVENT_ABORT:
-		case XACT_EVENT_PARALLEL_ABORT:
-		case XACT_EVENT_PREPARE:
-			guard_bypass_active = false;
-			guard_bypass_xid = InvalidTransactionId;
-			break;
-		default:
-			break;
-	}
-}
+/*
+ * The transaction that called idem_guard_bypass, if any: a 64-bit
+ * transaction id never comes back, so the bypass ends with its transaction
+ * without a callback.
+ */
+static FullTransactionId guard_bypass_fxid = {0};
 
 /* The scopes a guard accepts, quoted and comma-separated, for messages. */
 static char *
@@ -108,7 +91,9 @@ idem_require_reservation(PG_FUNCTION_ARGS)
 	trigger = trigdata->tg_trigger;
 	rel = trigdata->tg_relation;
 
-	if (!(guard_bypass_active && guard_bypass_xid == GetTopTransactionIdIfAny()) &&
+	if (!(FullTransactionIdIsValid(guard_bypass_fxid) &&
+		  FullTransactionIdEquals(guard_bypass_fxid,
+								  GetTopFullTransactionIdIfAny())) &&
 		!idem_holds_reservation(trigger->tgargs, trigger->tgnargs))
 	{
 		const char *event;
@@ -174,14 +159,8 @@ idem_guard_bypass(PG_FUNCTION_ARGS)
 				 errmsg("idem_guard_bypass() must be called inside a transaction block"),
 				 errhint("BEGIN, call idem_guard_bypass(reason), write, then COMMIT: the bypass ends with the transaction.")));
 
-	if (!guard_callback_registered)
-	{
-		RegisterXactCallback(guard_xact_callback, NULL);
-		guard_callback_registered = true;
-	}
 	/* an xid ties the bypass to this transaction and no other */
-	guard_bypass_xid = GetTopTransactionId();
-	guard_bypass_active = true;
+	guard_bypass_fxid = GetTopFullTransactionId();
 
 	ereport(LOG,
 			(errmsg("idempotency coverage guard bypassed by role \"%s\" (session user \"%s\"): %s",

@@ -241,6 +241,23 @@ idem_effective_tenant(void)
 }
 
 /*
+ * idem_check_name_length
+ *		A tenant or scope name is part of the keys' primary key: refuse one
+ *		over IDEM_MAX_NAME_LEN bytes (22001) before anything is written,
+ *		rather than let the index refuse the row after the write began.
+ */
+void
+idem_check_name_length(const char *what, const char *value)
+{
+	if (strlen(value) > IDEM_MAX_NAME_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("%s is longer than %d bytes", what, IDEM_MAX_NAME_LEN),
+				 errhint("Use a shorter %s; tenants and scopes are names, such as \"acme\" or \"POST /v1/charges\".",
+						 what)));
+}
+
+/*
  * idem_check_tenant
  *		Every function that takes a tenant calls this before touching a
  *		table.  A role bound to a tenant (idem_bind_tenant) acts for that
@@ -251,7 +268,10 @@ idem_effective_tenant(void)
 void
 idem_check_tenant(const char *tenant)
 {
-	const char *bound = idem_bound_tenant();
+	const char *bound;
+
+	idem_check_name_length("tenant", tenant);
+	bound = idem_bound_tenant();
 
 	if (bound != NULL && strcmp(tenant, bound) != 0)
 		ereport(ERROR,

@@ -29,6 +29,9 @@
 /* Longest idempotency key accepted, in bytes (printable ASCII only). */
 #define IDEM_MAX_KEY_LEN 255
 
+/* Longest tenant or scope name, in bytes. */
+#define IDEM_MAX_NAME_LEN 255
+
 /* ----------------------------------------------------------------
  * idempotency.c: configuration (GUCs)
  * ----------------------------------------------------------------
@@ -56,6 +59,9 @@ extern bool idem_loaded_at_startup;
  * that first (22004) so the message can name the argument.
  */
 extern void idem_check_tenant(const char *tenant);
+
+/* 22001 when a tenant or scope name is over IDEM_MAX_NAME_LEN bytes. */
+extern void idem_check_name_length(const char *what, const char *value);
 
 /* The tenant the calling role is bound to, or NULL. */
 extern const char *idem_bound_tenant(void);

@@ -451,6 +451,7 @@ keys_ident_from_args(FunctionCallInfo fcinfo, KeyIdent *id)
 	idem_check_key(key);
 
 	id->scope = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	idem_check_name_length("scope", id->scope);
 	id->key = text_to_cstring(key);
 	id->values[0] = PG_GETARG_DATUM(0);
 	id->values[1] = PG_GETARG_DATUM(1);

@@ -110,10 +110,6 @@ def state_queries(tables):
 # violations are counted and printed apart, and do not fail the run.  Remove
 # an entry once its defect is fixed (the run then says it saw no more of it).
 KNOWN_DEFECTS = [
-    ("tenant-scope-length",
-     "tenant and scope lengths are not checked: a value over the btree limit (about 2,700 bytes) "
-     "is written, then refused by the primary key index (54000, PostgreSQL's message, no hint)",
-     lambda what, sqlstate, message: sqlstate == "54000" and re.search(r"index row (size|requires)", message)),
 ]
 
 

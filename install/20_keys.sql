@@ -119,9 +119,9 @@ BEGIN
                   HINT = 'Pass the name of the scope to configure.';
     END IF;
     IF pg_catalog.octet_length(scope) > 255 THEN
-        RAISE EXCEPTION 'scope name is longer than 255 bytes'
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Name scopes briefly, such as "POST /v1/charges".';
+        RAISE EXCEPTION 'scope is longer than 255 bytes'
+            USING ERRCODE = 'string_data_right_truncation',
+                  HINT = 'Use a shorter scope; tenants and scopes are names, such as "acme" or "POST /v1/charges".';
     END IF;
     IF options IS NULL OR pg_catalog.jsonb_typeof(options) <> 'object' THEN
         RAISE EXCEPTION 'scope options must be a JSON object'

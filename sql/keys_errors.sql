@@ -35,6 +35,14 @@ SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', NULL, '{}')$
 SELECT pg_temp.err($$SELECT idem_checkpoint('ke_a', 'orders', 'held', NULL)$$);
 SELECT pg_temp.err($$SELECT idem_release(NULL, 'orders', 'held')$$);
 SELECT pg_temp.err($$SELECT * FROM idem_lookup('ke_a', 'orders', NULL)$$);
+-- a tenant or scope over 255 bytes (22001), before anything is written
+SELECT pg_temp.err(format('SELECT idem_reserve(%L, %L, %L, fingerprint => sha256(%L))',
+                          repeat('t', 256), 'orders', 'k', 'x'));
+SELECT pg_temp.err(format('SELECT idem_reserve(%L, %L, %L, fingerprint => sha256(%L))',
+                          'ke_a', repeat('s', 1048576), 'k', 'x'));
+SELECT pg_temp.err(format('SELECT outbox_enqueue(%L, %L, %L)', repeat('t', 3000), 'topic', '{}'));
+SELECT pg_temp.err(format('SELECT idem_complete(%L, %L, %L, 200, %L)', 'ke_a', repeat('s', 256), 'k', '{}'));
+SELECT count(*) FROM idempotency.keys WHERE length(tenant_id) > 255 OR length(scope) > 255;
 -- key too long (22001), not printable ASCII (22021)
 SELECT pg_temp.err(format('SELECT idem_reserve(%L, %L, %L, fingerprint => sha256(%L))',
                           'ke_a', 'orders', repeat('k', 256), 'x'));
