@@ -38,7 +38,7 @@ Violations (each one fails the run):
 Arguments come from pools of values the run has seen (tenants, scopes and
 keys it reserved, lock and lease tokens and outbox ids returned to it) and
 from hostile generators per type: NULL in any position, empty, huge,
-non-printable and non-ASCII strings, deep (5,000 levels) and wide JSON,
+non-printable and non-ASCII strings, deep (up to 100,000 levels) and wide JSON,
 numbers at the double limits, malformed JSON Pointers, zero, negative,
 mixed-sign and huge intervals, extreme integers, random uuids, fingerprints
 of the wrong length.  FUZZ_SEED (or --seed) reproduces a run.
