@@ -541,3 +541,50 @@ COMMENT ON VIEW idempotency.guard_coverage IS
 
 REVOKE ALL ON idempotency.guard_coverage FROM PUBLIC;
 GRANT SELECT ON idempotency.guard_coverage TO idempotency_admin, pg_monitor;
+
+/* ---- execute.c: a whole request in one statement ---- */
+
+/* What a request handler returns: the response to store and replay. */
+CREATE TYPE idempotency.response AS (
+    status  int,
+    body    jsonb,
+    headers jsonb
+);
+
+/*
+ * Reserve, call the handler (tenant text, key text, request jsonb) RETURNS
+ * idempotency.response when the key is new, store its response, answer.
+ * SECURITY INVOKER and no search_path of its own: the handler runs as the
+ * caller, with the caller's search_path; the key functions it calls carry
+ * their own (SECURITY DEFINER, fixed search_path).
+ */
+CREATE FUNCTION @extschema@.idem_execute(tenant text, scope text, key text, request jsonb,
+                             handler regproc,
+                             ttl interval DEFAULT NULL,
+                             wait interval DEFAULT '0')
+RETURNS idempotency.reservation
+AS 'MODULE_PATHNAME', 'idem_execute'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION @extschema@.idem_execute(text, text, text, jsonb, regproc, interval, interval) IS
+'one idempotent request in one statement: reserve, call the handler when the key is new, store and return its response';
+
+REVOKE ALL ON FUNCTION @extschema@.idem_execute(text, text, text, jsonb, regproc, interval, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.idem_execute(text, text, text, jsonb, regproc, interval, interval)
+    TO idempotency_app;
+
+/*
+ * Every backend caches the binding of its roles; a change to the table
+ * sends a relcache invalidation for it, so that a binding takes effect in
+ * sessions already open (pooled connections) at their next call.
+ */
+CREATE FUNCTION idempotency.tenant_bindings_changed()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_scopes_changed'
+LANGUAGE C;
+
+REVOKE EXECUTE ON FUNCTION idempotency.tenant_bindings_changed() FROM PUBLIC;
+
+CREATE TRIGGER tenant_bindings_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.tenant_bindings
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.tenant_bindings_changed();

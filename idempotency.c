@@ -155,6 +155,8 @@ binding_load(void)
 	char	   *role = NULL;
 	bool		conflict = false;
 
+	/* a binding committed by another session since this call began */
+	AcceptInvalidationMessages();
 	if (binding_valid && session_user == binding_session_user &&
 		outer_user == binding_outer_user)
 		return;

@@ -154,6 +154,22 @@ CREATE TABLE idempotency.tenant_bindings (
     tenant text NOT NULL
 );
 
+/*
+ * Every backend caches the binding of its roles; a change to the table
+ * sends a relcache invalidation for it, so that a binding takes effect in
+ * sessions already open (pooled connections) at their next call.
+ */
+CREATE FUNCTION idempotency.tenant_bindings_changed()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_scopes_changed'
+LANGUAGE C;
+
+REVOKE EXECUTE ON FUNCTION idempotency.tenant_bindings_changed() FROM PUBLIC;
+
+CREATE TRIGGER tenant_bindings_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.tenant_bindings
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.tenant_bindings_changed();
+
 REVOKE ALL ON ALL TABLES IN SCHEMA idempotency FROM PUBLIC;
 GRANT SELECT ON idempotency.keys, idempotency.scopes, idempotency.outbox,
     idempotency.tenant_bindings TO idempotency_admin;

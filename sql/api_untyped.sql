@@ -27,6 +27,10 @@ SELECT outcome FROM idem_reserve('ut', 'untyped', 'k5', '{}');
 SELECT idem_complete('ut', 'untyped', 'k5', '503', '{}', '{}', NULL, 'true') IS NULL AS released;
 SELECT idem_guard_bypass('untyped literals');
 COMMIT;
+CREATE FUNCTION pg_temp.ut_handler(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE sql
+AS $$ SELECT ROW(201, request, NULL::jsonb)::idempotency.response $$;
+SELECT outcome, response_code FROM idem_execute('ut', 'untyped', 'k6', '{"a": 1}', 'pg_temp.ut_handler', '1 day', '0');
 SELECT id AS id1, lease_token AS t1 FROM outbox_claim('w', '1', '1 minute', '{topic}', 'ut') \gset
 SELECT outbox_nack('ut', :'id1', :'t1', 'failed', '0');
 SELECT id AS id2, lease_token AS t2 FROM outbox_claim('w', '1', '1 minute') \gset

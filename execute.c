@@ -1,0 +1,325 @@
+/*-------------------------------------------------------------------------
+ *
+ * execute.c
+ *	  idem_execute: a whole idempotent request in one statement, for
+ *	  handlers that live in the database.
+ *
+ *	  SELECT * FROM idem_execute('acme', 'POST /v1/orders', 'key-1',
+ *								 '{"sku": "A-1"}', 'shop.create_order');
+ *
+ * reserves the key (idem_reserve), and only when the answer is "created"
+ * calls the handler, a function (tenant text, key text, request jsonb)
+ * RETURNS idempotency.response, stores what it returned (idem_complete)
+ * and answers the reservation with the response filled in.  Every other
+ * outcome (replay, in_progress, mismatch, stale) is answered without
+ * calling the handler.  An error in the handler fails the statement, and
+ * with it the reservation and whatever the handler wrote, like any
+ * statement: in autocommit nothing remains, and a retry runs afresh.
+ *
+ * idem_execute is SECURITY INVOKER without a search_path of its own, so
+ * the handler runs as the caller, with the caller's search_path and
+ * privileges.  The key functions are called through the function manager,
+ * which runs them as declared (SECURITY DEFINER, fixed search_path); this
+ * file runs no SQL of its own.
+ *
+ * IDENTIFICATION
+ *	  execute.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_namespace.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "parser/parse_func.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/regproc.h"
+#include "utils/syscache.h"
+
+#include "idempotency.h"
+
+PG_FUNCTION_INFO_V1(idem_execute);
+
+/* Arguments of idem_execute. */
+#define EXEC_TENANT		0
+#define EXEC_SCOPE		1
+#define EXEC_KEY		2
+#define EXEC_REQUEST	3
+#define EXEC_HANDLER	4
+#define EXEC_TTL		5
+#define EXEC_WAIT		6
+
+/* Columns of idempotency.reservation that idem_execute fills in. */
+typedef enum ExecColumn
+{
+	COL_OUTCOME,
+	COL_HTTP_STATUS,
+	COL_RESPONSE_CODE,
+	COL_RESPONSE_BODY,
+	COL_RESPONSE_HEADERS,
+	COL_LOCK_TOKEN,
+	COL_COUNT
+} ExecColumn;
+
+static const char *const exec_column_names[COL_COUNT] = {
+	"outcome", "http_status", "response_code", "response_body",
+	"response_headers", "lock_token"
+};
+
+/*
+ * What one call site keeps between calls (fn_extra): the key functions it
+ * calls, the last handler and the result's layout.
+ */
+typedef struct ExecCache
+{
+	FmgrInfo	reserve;
+	FmgrInfo	complete;
+	Oid			response_type;	/* idempotency.response */
+	Oid			handler;		/* InvalidOid until the first call */
+	FmgrInfo	handler_fn;
+	TupleDesc	result_desc;
+	int			col[COL_COUNT]; /* attribute index (0-based) of each */
+} ExecCache;
+
+/* The extension function "name" with "nargs" arguments of "argtypes". */
+static Oid
+exec_lookup(Oid nsp, const char *name, int nargs, const Oid *argtypes)
+{
+	List	   *names = list_make2(makeString(get_namespace_name(nsp)),
+								   makeString(pstrdup(name)));
+
+	return LookupFuncName(names, nargs, argtypes, false);
+}
+
+static ExecCache *
+exec_cache(FunctionCallInfo fcinfo)
+{
+	ExecCache  *cache = (ExecCache *) fcinfo->flinfo->fn_extra;
+	MemoryContext oldcxt;
+	Oid			nsp;
+	Oid			reserve_args[7] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID,
+	INTERVALOID, INTERVALOID, BYTEAOID};
+	Oid			complete_args[8] = {TEXTOID, TEXTOID, TEXTOID, INT4OID,
+	JSONBOID, JSONBOID, UUIDOID, BOOLOID};
+	TupleDesc	desc;
+
+	if (cache != NULL)
+		return cache;
+
+	oldcxt = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+	cache = palloc0(sizeof(ExecCache));
+	nsp = get_func_namespace(fcinfo->flinfo->fn_oid);
+	fmgr_info_cxt(exec_lookup(nsp, "idem_reserve", 7, reserve_args),
+				  &cache->reserve, fcinfo->flinfo->fn_mcxt);
+	fmgr_info_cxt(exec_lookup(nsp, "idem_complete", 8, complete_args),
+				  &cache->complete, fcinfo->flinfo->fn_mcxt);
+	cache->response_type =
+		GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
+						CStringGetDatum("response"),
+						ObjectIdGetDatum(get_namespace_oid("idempotency", false)));
+	if (!OidIsValid(cache->response_type))
+		elog(ERROR, "type idempotency.response not found");
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "idem_execute must return idempotency.reservation");
+	cache->result_desc = CreateTupleDescCopy(desc);
+	for (int c = 0; c < COL_COUNT; c++)
+	{
+		cache->col[c] = -1;
+		for (int i = 0; i < desc->natts; i++)
+		{
+			Form_pg_attribute att = TupleDescAttr(desc, i);
+
+			if (!att->attisdropped &&
+				strcmp(NameStr(att->attname), exec_column_names[c]) == 0)
+				cache->col[c] = i;
+		}
+		if (cache->col[c] < 0)
+			elog(ERROR, "column \"%s\" of idempotency.reservation not found",
+				 exec_column_names[c]);
+	}
+	MemoryContextSwitchTo(oldcxt);
+	fcinfo->flinfo->fn_extra = cache;
+	return cache;
+}
+
+/*
+ * Check that "handler" is a function (text, text, jsonb) RETURNS
+ * idempotency.response that the caller may execute, before anything is
+ * written; keep its FmgrInfo for the next calls.
+ */
+static void
+exec_check_handler(ExecCache *cache, Oid handler, MemoryContext cxt)
+{
+	HeapTuple	tup;
+	Form_pg_proc proc;
+	AclResult	aclresult;
+	bool		ok;
+
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(handler));
+	if (!HeapTupleIsValid(tup))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("handler function with OID %u does not exist", handler),
+				 errhint("Pass the handler's name, such as 'shop.create_order'.")));
+	proc = (Form_pg_proc) GETSTRUCT(tup);
+	ok = proc->prokind == PROKIND_FUNCTION && !proc->proretset &&
+		proc->pronargs == 3 &&
+		proc->proargtypes.values[0] == TEXTOID &&
+		proc->proargtypes.values[1] == TEXTOID &&
+		proc->proargtypes.values[2] == JSONBOID &&
+		proc->prorettype == cache->response_type;
+	ReleaseSysCache(tup);
+	if (!ok)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
+				 errmsg("%s is not an idempotent request handler",
+						format_procedure(handler)),
+				 errdetail("A handler is a function (tenant text, key text, request jsonb) RETURNS idempotency.response, not a procedure and not set-returning."),
+				 errhint("Declare it as CREATE FUNCTION name(tenant text, key text, request jsonb) RETURNS idempotency.response.")));
+
+#if PG_VERSION_NUM >= 160000
+	aclresult = object_aclcheck(ProcedureRelationId, handler, GetUserId(),
+								ACL_EXECUTE);
+#else
+	aclresult = pg_proc_aclcheck(handler, GetUserId(), ACL_EXECUTE);
+#endif
+	if (aclresult != ACLCHECK_OK)
+		aclcheck_error(aclresult, OBJECT_FUNCTION, get_func_name(handler));
+
+	fmgr_info_cxt(handler, &cache->handler_fn, cxt);
+	cache->handler = handler;
+}
+
+/*
+ * idem_execute(tenant, scope, key, request jsonb, handler regproc,
+ *				ttl interval, wait interval) RETURNS idempotency.reservation
+ *		Reserve, call the handler on "created", store its response, answer.
+ */
+Datum
+idem_execute(PG_FUNCTION_ARGS)
+{
+	ExecCache  *cache;
+	Oid			handler;
+	LOCAL_FCINFO(call, 8);
+	Datum		reservation;
+	HeapTupleHeader th;
+	HeapTupleData tuple;
+	Datum		values[64];
+	bool		nulls[64];
+	char	   *outcome;
+	Datum		response;
+	bool		isnull;
+	Datum		status;
+	Datum		body;
+	bool		body_null;
+	Datum		headers;
+	bool		headers_null;
+
+	/* the key functions check the rest; these are idem_execute's own */
+	if (PG_ARGISNULL(EXEC_HANDLER))
+		idem_null_argument("handler");
+	if (PG_ARGISNULL(EXEC_REQUEST))
+		idem_null_argument("request");
+	cache = exec_cache(fcinfo);
+	if (cache->result_desc->natts > (int) lengthof(values))
+		elog(ERROR, "idempotency.reservation has too many columns");
+	handler = PG_GETARG_OID(EXEC_HANDLER);
+	if (handler != cache->handler)
+		exec_check_handler(cache, handler, fcinfo->flinfo->fn_mcxt);
+
+	/* idem_reserve(tenant, scope, key, request, ttl, wait, NULL) */
+	InitFunctionCallInfoData(*call, &cache->reserve, 7, InvalidOid, NULL, NULL);
+	for (int i = 0; i < 4; i++)
+	{
+		call->args[i].value = PG_GETARG_DATUM(i);
+		call->args[i].isnull = PG_ARGISNULL(i);
+	}
+	call->args[4].value = PG_GETARG_DATUM(EXEC_TTL);
+	call->args[4].isnull = PG_ARGISNULL(EXEC_TTL);
+	call->args[5].value = PG_GETARG_DATUM(EXEC_WAIT);
+	call->args[5].isnull = PG_ARGISNULL(EXEC_WAIT);
+	call->args[6].value = (Datum) 0;
+	call->args[6].isnull = true;
+	reservation = FunctionCallInvoke(call);
+	if (call->isnull)
+		elog(ERROR, "idem_reserve returned NULL");
+
+	th = DatumGetHeapTupleHeader(reservation);
+	tuple.t_len = HeapTupleHeaderGetDatumLength(th);
+	ItemPointerSetInvalid(&tuple.t_self);
+	tuple.t_tableOid = InvalidOid;
+	tuple.t_data = th;
+	heap_deform_tuple(&tuple, cache->result_desc, values, nulls);
+
+	outcome = DatumGetCString(DirectFunctionCall1(enum_out,
+												  values[cache->col[COL_OUTCOME]]));
+	if (strcmp(outcome, "created") != 0)
+		PG_RETURN_DATUM(reservation);
+
+	/* the handler, as the caller, with the caller's search_path */
+	InitFunctionCallInfoData(*call, &cache->handler_fn, 3, InvalidOid, NULL, NULL);
+	call->args[0].value = PG_GETARG_DATUM(EXEC_TENANT);
+	call->args[0].isnull = false;
+	call->args[1].value = PG_GETARG_DATUM(EXEC_KEY);
+	call->args[1].isnull = false;
+	call->args[2].value = PG_GETARG_DATUM(EXEC_REQUEST);
+	call->args[2].isnull = false;
+	response = FunctionCallInvoke(call);
+	status = (Datum) 0;
+	isnull = true;
+	if (!call->isnull)
+	{
+		th = DatumGetHeapTupleHeader(response);
+		status = GetAttributeByNum(th, 1, &isnull);
+	}
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("handler %s returned no status", format_procedure(handler)),
+				 errhint("Return ROW(status, body, headers)::idempotency.response with an HTTP status from 100 to 599.")));
+	body = GetAttributeByNum(th, 2, &body_null);
+	headers = GetAttributeByNum(th, 3, &headers_null);
+
+	/* idem_complete(tenant, scope, key, status, body, headers, NULL, false) */
+	InitFunctionCallInfoData(*call, &cache->complete, 8, InvalidOid, NULL, NULL);
+	for (int i = 0; i < 3; i++)
+	{
+		call->args[i].value = PG_GETARG_DATUM(i);
+		call->args[i].isnull = false;
+	}
+	call->args[3].value = status;
+	call->args[3].isnull = false;
+	call->args[4].value = body;
+	call->args[4].isnull = body_null;
+	call->args[5].value = headers;
+	call->args[5].isnull = headers_null;
+	call->args[6].value = (Datum) 0;
+	call->args[6].isnull = true;
+	call->args[7].value = BoolGetDatum(false);
+	call->args[7].isnull = false;
+	(void) FunctionCallInvoke(call);
+
+	/* "created", with the response the handler gave; the key is finished */
+	values[cache->col[COL_HTTP_STATUS]] = status;
+	nulls[cache->col[COL_HTTP_STATUS]] = false;
+	values[cache->col[COL_RESPONSE_CODE]] = status;
+	nulls[cache->col[COL_RESPONSE_CODE]] = false;
+	values[cache->col[COL_RESPONSE_BODY]] = body;
+	nulls[cache->col[COL_RESPONSE_BODY]] = body_null;
+	values[cache->col[COL_RESPONSE_HEADERS]] = headers;
+	nulls[cache->col[COL_RESPONSE_HEADERS]] = headers_null;
+	nulls[cache->col[COL_LOCK_TOKEN]] = true;
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(cache->result_desc,
+													  values, nulls)));
+}

@@ -1,0 +1,131 @@
+-- idem_execute: a whole idempotent request in one statement, for handlers
+-- that live in the database.
+CREATE FUNCTION pg_temp.err(sql text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    st text;
+    msg text;
+    hint text;
+BEGIN
+    EXECUTE sql;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+                            hint = PG_EXCEPTION_HINT;
+    RETURN st || ' ' || msg || E'\n      hint: ' || coalesce(hint, '(none)');
+END
+$$;
+
+CREATE SCHEMA ex;
+CREATE TABLE ex.orders (id serial PRIMARY KEY, tenant text, idem_key text, sku text, qty int);
+CREATE TABLE ex.calls (n serial, tenant text, idem_key text);
+-- the handler: writes the order, answers 201 with it (402 when qty is 0,
+-- an error when the sku is unknown)
+CREATE FUNCTION ex.create_order(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE plpgsql AS $$
+DECLARE
+    o ex.orders;
+BEGIN
+    INSERT INTO ex.calls (tenant, idem_key) VALUES (tenant, key);
+    IF request ->> 'sku' = 'nope' THEN
+        RAISE EXCEPTION 'unknown sku' USING ERRCODE = 'P0001';
+    END IF;
+    IF (request ->> 'qty')::int = 0 THEN
+        RETURN ROW(402, '{"error": "nothing to order"}', NULL)::idempotency.response;
+    END IF;
+    INSERT INTO ex.orders (tenant, idem_key, sku, qty)
+    VALUES (tenant, key, request ->> 'sku', (request ->> 'qty')::int) RETURNING * INTO o;
+    RETURN ROW(201, jsonb_build_object('order', o.id, 'sku', o.sku),
+               jsonb_build_object('Location', '/orders/' || o.id))::idempotency.response;
+END
+$$;
+\set r 'outcome, http_status, response_code, response_body, response_headers, retry_after, lock_token IS NULL AS no_token'
+
+-- new key: the handler runs once, its response is stored and returned
+SELECT :r FROM idem_execute('ex_a', 'POST /orders', 'k-1', '{"sku": "A-1", "qty": 2}', 'ex.create_order');
+-- the retry replays without calling the handler
+SELECT :r FROM idem_execute('ex_a', 'POST /orders', 'k-1', '{"sku": "A-1", "qty": 2}', 'ex.create_order');
+-- same key, another body: mismatch, no call
+SELECT :r FROM idem_execute('ex_a', 'POST /orders', 'k-1', '{"sku": "A-1", "qty": 3}', 'ex.create_order');
+SELECT count(*) AS handler_calls FROM ex.calls WHERE idem_key = 'k-1';
+SELECT count(*) AS orders FROM ex.orders WHERE idem_key = 'k-1';
+SELECT status, response_code FROM idem_lookup('ex_a', 'POST /orders', 'k-1');
+-- a 4xx from the handler is stored and replayed
+SELECT :r FROM idem_execute('ex_a', 'POST /orders', 'k-2', '{"sku": "A-1", "qty": 0}', 'ex.create_order');
+SELECT :r FROM idem_execute('ex_a', 'POST /orders', 'k-2', '{"sku": "A-1", "qty": 0}', 'ex.create_order');
+-- an error in the handler fails the statement: nothing remains, the retry
+-- runs afresh
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-3', '{"sku": "nope", "qty": 1}', 'ex.create_order')$$);
+SELECT count(*) AS keys FROM idempotency.keys WHERE idem_key = 'k-3';
+SELECT count(*) AS calls_kept FROM ex.calls WHERE idem_key = 'k-3';
+SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /orders', 'k-3', '{"sku": "nope2", "qty": 1}', 'ex.create_order');
+
+-- in a transaction: another transaction's key held open is in_progress
+BEGIN;
+SELECT outcome FROM idem_reserve('ex_a', 'POST /orders', 'k-4', '{"sku": "B", "qty": 1}'::jsonb);
+SELECT idem_release('ex_a', 'POST /orders', 'k-4');
+COMMIT;
+
+-- a 5xx the scope does not cache: answered, not stored
+CREATE FUNCTION ex.unavailable(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE sql
+AS $$ SELECT ROW(503, '{"error": "try later"}'::jsonb, NULL::jsonb)::idempotency.response $$;
+SELECT :r FROM idem_execute('ex_a', 'POST /orders', 'k-5', '{}', 'ex.unavailable');
+SELECT count(*) AS keys FROM idempotency.keys WHERE idem_key = 'k-5';
+
+-- bad handlers are refused before anything is written
+CREATE FUNCTION ex.wrong_args(request jsonb) RETURNS idempotency.response
+LANGUAGE sql AS $$ SELECT ROW(200, NULL::jsonb, NULL::jsonb)::idempotency.response $$;
+CREATE FUNCTION ex.wrong_result(tenant text, key text, request jsonb) RETURNS jsonb
+LANGUAGE sql AS $$ SELECT '{}'::jsonb $$;
+CREATE FUNCTION ex.no_status(tenant text, key text, request jsonb) RETURNS idempotency.response
+LANGUAGE sql AS $$ SELECT ROW(NULL, NULL::jsonb, NULL::jsonb)::idempotency.response $$;
+CREATE FUNCTION ex.null_row(tenant text, key text, request jsonb) RETURNS idempotency.response
+LANGUAGE sql AS $$ SELECT NULL::idempotency.response $$;
+CREATE FUNCTION ex.bad_status(tenant text, key text, request jsonb) RETURNS idempotency.response
+LANGUAGE sql AS $$ SELECT ROW(700, NULL::jsonb, NULL::jsonb)::idempotency.response $$;
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'ex.wrong_args')$$);
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'ex.wrong_result')$$);
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'ex.no_status')$$);
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'ex.null_row')$$);
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'ex.bad_status')$$);
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'ex.missing')$$);
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', NULL)$$);
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', NULL, 'ex.create_order')$$);
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', '', '{}', 'ex.create_order')$$);
+SELECT count(*) AS keys FROM idempotency.keys WHERE idem_key = 'k-6';
+
+-- the handler runs as the caller: an application role needs EXECUTE on it
+-- and the privileges its body uses; the key table stays out of its reach
+CREATE ROLE ex_app IN ROLE idempotency_app;
+GRANT USAGE ON SCHEMA ex TO ex_app;
+REVOKE EXECUTE ON FUNCTION ex.create_order(text, text, jsonb) FROM PUBLIC;
+SET ROLE ex_app;
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-7', '{"sku": "C", "qty": 1}', 'ex.create_order')$$);
+RESET ROLE;
+GRANT EXECUTE ON FUNCTION ex.create_order(text, text, jsonb) TO ex_app;
+SET ROLE ex_app;
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-7', '{"sku": "C", "qty": 1}', 'ex.create_order')$$);
+RESET ROLE;
+GRANT INSERT, SELECT ON ex.orders, ex.calls TO ex_app;
+GRANT USAGE ON ALL SEQUENCES IN SCHEMA ex TO ex_app;
+SET ROLE ex_app;
+SELECT outcome, response_code, current_user FROM idem_execute('ex_a', 'POST /orders', 'k-7', '{"sku": "C", "qty": 1}', 'ex.create_order');
+SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /orders', 'k-7', '{"sku": "C", "qty": 1}', 'ex.create_order');
+-- the handler sees the caller's search_path
+SET search_path = ex, public;
+SELECT outcome FROM idem_execute('ex_a', 'POST /orders', 'k-8', '{"sku": "D", "qty": 1}', 'create_order');
+RESET search_path;
+-- a role bound to another tenant is refused before the handler runs
+RESET ROLE;
+SELECT idem_bind_tenant('ex_app', 'ex_b');
+SET ROLE ex_app;
+SELECT pg_temp.err($$SELECT idem_reserve('ex_a', 'POST /orders', 'k-9', '{"sku": "E", "qty": 1}')$$);
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-9', '{"sku": "E", "qty": 1}', 'ex.create_order')$$);
+RESET ROLE;
+SELECT idem_unbind_tenant('ex_app');
+SELECT count(*) AS calls_k9 FROM ex.calls WHERE idem_key = 'k-9';
+
+DROP SCHEMA ex CASCADE;
+DROP ROLE ex_app;
+DELETE FROM idempotency.keys WHERE tenant_id = 'ex_a';
