@@ -24,6 +24,8 @@ prepare_server
 bash "$top/scripts/fuzz-deps.sh"
 # the drivers of the client conformance suite (clients/) and PgBouncer
 bash "$top/clients/deps.sh"
+# prometheus-postgres-exporter and promtool (t/070_monitoring.pl)
+bash "$top/examples/monitoring/deps.sh"
 phase "building the extension"
 stage_tree "$top"
 echo "test: building in $WORK against $("$PG_CONFIG" --version)"
