@@ -3,6 +3,8 @@
 # run.  Run by bench/run.sh (as postgres, PG* set, cwd bench/keys).
 #
 #   new request: BEGIN; reserve; INSERT order; INSERT event; complete; COMMIT
+#   new_exec:    the same as one statement: idem_execute with a handler that
+#                writes the order and the event
 #   replay:      reserve of a completed key
 #
 # Baselines: "plpgsql" (a naive PL/pgSQL implementation, setup.sql), "sql"
@@ -29,7 +31,7 @@ tps() {
 }
 
 declare -A tps_of
-variants="new_ext new_plpgsql new_sql new_none new_floor replay_ext replay_plpgsql replay_sql
+variants="new_ext new_exec new_plpgsql new_sql new_none new_floor replay_ext replay_plpgsql replay_sql
           new_ext_async new_plpgsql_async new_sql_async new_none_async"
 reversed=$(echo $variants | tr ' ' '\n' | tac | tr '\n' ' ')
 for round in 1 2; do
@@ -71,6 +73,8 @@ done
 echo
 compare "new request vs naive PL/pgSQL (durable commits):" new_ext new_plpgsql ">= 1.4"
 compare "new request vs bare SQL (durable commits):" new_ext new_sql ">= 1.0"
+compare "idem_execute, one statement, vs naive PL/pgSQL (durable):" new_exec new_plpgsql ">= 2.0"
+compare "idem_execute, one statement, vs six statements (durable):" new_exec new_ext
 compare "new request vs no idempotency (durable commits):" new_ext new_none
 # "floor": the business transaction plus two trivial statements in place of
 # reserve and complete, i.e. the same six round trips with free idempotency.

@@ -86,3 +86,18 @@ BEGIN
 END
 $$;
 VACUUM ANALYZE;
+
+-- The same business transaction as a handler for idem_execute: one
+-- statement in autocommit is the whole idempotent request.
+CREATE FUNCTION create_order(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE plpgsql AS $$
+DECLARE
+    order_id bigint;
+BEGIN
+    INSERT INTO orders (customer, amount)
+    VALUES (request ->> 'customer', (request ->> 'amount')::numeric) RETURNING id INTO order_id;
+    INSERT INTO events (topic, payload)
+    VALUES ('order.created', jsonb_build_object('customer', request ->> 'customer', 'amount', request -> 'amount'));
+    RETURN ROW(201, jsonb_build_object('id', order_id, 'status', 'paid'), NULL)::idempotency.response;
+END
+$$;
