@@ -140,3 +140,4 @@ SELECT count(*) FROM idempotency.guard_coverage WHERE table_name::text LIKE 'ide
 
 DROP SCHEMA shop CASCADE;
 DROP ROLE guard_app, guard_admin;
+DELETE FROM idempotency.keys WHERE tenant_id = 'g_a';

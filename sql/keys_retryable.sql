@@ -97,3 +97,6 @@ SELECT count(*) FROM idempotency.scopes WHERE length(scope) > 255;
 
 -- what was counted: released for every key given up
 SELECT released FROM idem_stats() WHERE tenant = 'rt_a' AND scope = 'charges';
+
+DELETE FROM idempotency.keys WHERE tenant_id = 'rt_a';
+DELETE FROM idempotency.scopes WHERE scope = 'rt_scope';
