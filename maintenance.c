@@ -166,11 +166,11 @@ static SPIPlanPtr schedule_plan = NULL;
 static SPIPlanPtr unschedule_plan = NULL;
 
 /*
- * check_batch_size
+ * maint_check_batch_size
  *		Bad input raises before any write.
  */
 static int32
-check_batch_size(FunctionCallInfo fcinfo, const char *funcname)
+maint_check_batch_size(FunctionCallInfo fcinfo, const char *funcname)
 {
 	int32		batch_size;
 
@@ -192,7 +192,7 @@ check_batch_size(FunctionCallInfo fcinfo, const char *funcname)
 
 /* An interval of "seconds" (a GUC value), palloc'd. */
 static Datum
-seconds_interval(int seconds)
+maint_seconds_interval(int seconds)
 {
 	Interval   *iv = (Interval *) palloc0(sizeof(Interval));
 
@@ -201,12 +201,12 @@ seconds_interval(int seconds)
 }
 
 /*
- * count_result
+ * maint_count_into_stats
  *		Sum the (tenant, scope, count) rows of the last SPI statement and add
  *		each to the stats counter "counter".
  */
 static int64
-count_result(IdemCounter counter)
+maint_count_into_stats(IdemCounter counter)
 {
 	int64		total = 0;
 	uint64		i;
@@ -239,7 +239,7 @@ count_result(IdemCounter counter)
 Datum
 idem_reap(PG_FUNCTION_ARGS)
 {
-	int32		batch_size = check_batch_size(fcinfo, "idem_reap");
+	int32		batch_size = maint_check_batch_size(fcinfo, "idem_reap");
 	Oid			argtypes[1] = {INT4OID};
 	Datum		values[1];
 	int			ret;
@@ -252,7 +252,7 @@ idem_reap(PG_FUNCTION_ARGS)
 						   values, NULL, false, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "reaping keys failed: %s", SPI_result_code_string(ret));
-	total = count_result(IDEM_STAT_REAPED);
+	total = maint_count_into_stats(IDEM_STAT_REAPED);
 	SPI_finish();
 
 	PG_RETURN_INT64(total);
@@ -296,14 +296,14 @@ idem_sweep(PG_FUNCTION_ARGS)
 					 errhint("Pass the age after which a processing key counts as stale, such as '10 minutes', or NULL for each scope's lock_timeout.")));
 		values[0] = IntervalPGetDatum(older_than);
 	}
-	values[1] = seconds_interval(idem_default_lock_timeout);
+	values[1] = maint_seconds_interval(idem_default_lock_timeout);
 
 	idem_spi_connect();
 	ret = SPI_execute_plan(idem_saved_plan(&sweep_plan, sweep_sql, 2, argtypes, 0),
 						   values, nulls, false, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "sweeping keys failed: %s", SPI_result_code_string(ret));
-	total = count_result(IDEM_STAT_SWEPT);
+	total = maint_count_into_stats(IDEM_STAT_SWEPT);
 	SPI_finish();
 
 	PG_RETURN_INT64(total);
@@ -346,14 +346,14 @@ idem_reclaim_leases(PG_FUNCTION_ARGS)
 Datum
 idem_purge_outbox(PG_FUNCTION_ARGS)
 {
-	int32		batch_size = check_batch_size(fcinfo, "idem_purge_outbox");
+	int32		batch_size = maint_check_batch_size(fcinfo, "idem_purge_outbox");
 	Oid			argtypes[2] = {INT4OID, INTERVALOID};
 	Datum		values[2];
 	int			ret;
 	int64		total;
 
 	values[0] = Int32GetDatum(batch_size);
-	values[1] = seconds_interval(idem_outbox_retention);
+	values[1] = maint_seconds_interval(idem_outbox_retention);
 
 	idem_spi_connect();
 	ret = SPI_execute_plan(idem_saved_plan(&purge_plan, purge_sql, 2, argtypes, 0),
@@ -369,7 +369,7 @@ idem_purge_outbox(PG_FUNCTION_ARGS)
 
 /* Name of this database's maintenance job, palloc'd. */
 static char *
-cron_job_name(void)
+maint_cron_job_name(void)
 {
 	return psprintf("%s%s", IDEM_CRON_JOB_PREFIX,
 					get_database_name(MyDatabaseId));
@@ -384,7 +384,7 @@ cron_job_name(void)
  * idem_maintain.
  */
 static char *
-maintain_command(FunctionCallInfo fcinfo)
+maint_job_command(FunctionCallInfo fcinfo)
 {
 	Oid			nspid = get_func_namespace(fcinfo->flinfo->fn_oid);
 	char	   *nspname = get_namespace_name(nspid);
@@ -395,13 +395,13 @@ maintain_command(FunctionCallInfo fcinfo)
 }
 
 /*
- * require_pg_cron
+ * maint_require_pg_cron
  *		pg_cron's functions exist only in the one database named by
  *		cron.database_name.  Anywhere else, say exactly what to run there
  *		instead ("sql_there", already a complete statement).
  */
 static void
-require_pg_cron(const char *sql_there)
+maint_require_pg_cron(const char *sql_there)
 {
 	const char *crondb;
 
@@ -458,11 +458,11 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 				 errhint("Pass a cron schedule such as '* * * * *' (every minute), or no argument for that default.")));
 
 	schedule = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	jobname = cron_job_name();
-	command = maintain_command(fcinfo);
+	jobname = maint_cron_job_name();
+	command = maint_job_command(fcinfo);
 	dbname = get_database_name(MyDatabaseId);
 
-	require_pg_cron(psprintf("SELECT cron.schedule_in_database(%s, %s, %s, %s);",
+	maint_require_pg_cron(psprintf("SELECT cron.schedule_in_database(%s, %s, %s, %s);",
 							 quote_literal_cstr(jobname),
 							 quote_literal_cstr(schedule),
 							 quote_literal_cstr(command),
@@ -500,11 +500,11 @@ idem_unschedule_maintenance(PG_FUNCTION_ARGS)
 {
 	Oid			argtypes[1] = {TEXTOID};
 	Datum		values[1];
-	char	   *jobname = cron_job_name();
+	char	   *jobname = maint_cron_job_name();
 	int			ret;
 	bool		removed;
 
-	require_pg_cron(psprintf("SELECT cron.unschedule(%s);",
+	maint_require_pg_cron(psprintf("SELECT cron.unschedule(%s);",
 							 quote_literal_cstr(jobname)));
 
 	values[0] = CStringGetTextDatum(jobname);
