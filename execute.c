@@ -201,6 +201,60 @@ exec_check_handler(ExecCache *cache, Oid handler, MemoryContext cxt)
 	cache->handler = handler;
 }
 
+/* idem_reserve(tenant, scope, key, request, ttl, wait, NULL), as declared */
+static Datum
+exec_reserve(ExecCache *cache, FunctionCallInfo fcinfo)
+{
+	LOCAL_FCINFO(call, 7);
+	Datum		reservation;
+
+	InitFunctionCallInfoData(*call, &cache->reserve, 7, InvalidOid, NULL, NULL);
+	for (int i = 0; i < 4; i++)
+	{
+		call->args[i].value = PG_GETARG_DATUM(i);
+		call->args[i].isnull = PG_ARGISNULL(i);
+	}
+	call->args[4].value = PG_GETARG_DATUM(EXEC_TTL);
+	call->args[4].isnull = PG_ARGISNULL(EXEC_TTL);
+	call->args[5].value = PG_GETARG_DATUM(EXEC_WAIT);
+	call->args[5].isnull = PG_ARGISNULL(EXEC_WAIT);
+	call->args[6].value = (Datum) 0;
+	call->args[6].isnull = true;
+	reservation = FunctionCallInvoke(call);
+	if (call->isnull)
+		elog(ERROR, "idem_reserve returned NULL");
+	return reservation;
+}
+
+/*
+ * idem_complete(tenant, scope, key, status, body, headers, NULL, false), as
+ * declared: the reservation is this transaction's own, so no token.
+ */
+static void
+exec_complete(ExecCache *cache, FunctionCallInfo fcinfo, Datum status,
+			  Datum body, bool body_null, Datum headers, bool headers_null)
+{
+	LOCAL_FCINFO(call, 8);
+
+	InitFunctionCallInfoData(*call, &cache->complete, 8, InvalidOid, NULL, NULL);
+	for (int i = 0; i < 3; i++)
+	{
+		call->args[i].value = PG_GETARG_DATUM(i);
+		call->args[i].isnull = false;
+	}
+	call->args[3].value = status;
+	call->args[3].isnull = false;
+	call->args[4].value = body;
+	call->args[4].isnull = body_null;
+	call->args[5].value = headers;
+	call->args[5].isnull = headers_null;
+	call->args[6].value = (Datum) 0;
+	call->args[6].isnull = true;
+	call->args[7].value = BoolGetDatum(false);
+	call->args[7].isnull = false;
+	(void) FunctionCallInvoke(call);
+}
+
 /*
  * idem_execute(tenant, scope, key, request jsonb, handler regproc,
  *				ttl interval, wait interval) RETURNS idempotency.reservation
@@ -211,7 +265,7 @@ idem_execute(PG_FUNCTION_ARGS)
 {
 	ExecCache  *cache;
 	Oid			handler;
-	LOCAL_FCINFO(call, 8);
+	LOCAL_FCINFO(call, 3);
 	Datum		reservation;
 	HeapTupleHeader th;
 	HeapTupleData tuple;
@@ -238,22 +292,7 @@ idem_execute(PG_FUNCTION_ARGS)
 	if (handler != cache->handler)
 		exec_check_handler(cache, handler, fcinfo->flinfo->fn_mcxt);
 
-	/* idem_reserve(tenant, scope, key, request, ttl, wait, NULL) */
-	InitFunctionCallInfoData(*call, &cache->reserve, 7, InvalidOid, NULL, NULL);
-	for (int i = 0; i < 4; i++)
-	{
-		call->args[i].value = PG_GETARG_DATUM(i);
-		call->args[i].isnull = PG_ARGISNULL(i);
-	}
-	call->args[4].value = PG_GETARG_DATUM(EXEC_TTL);
-	call->args[4].isnull = PG_ARGISNULL(EXEC_TTL);
-	call->args[5].value = PG_GETARG_DATUM(EXEC_WAIT);
-	call->args[5].isnull = PG_ARGISNULL(EXEC_WAIT);
-	call->args[6].value = (Datum) 0;
-	call->args[6].isnull = true;
-	reservation = FunctionCallInvoke(call);
-	if (call->isnull)
-		elog(ERROR, "idem_reserve returned NULL");
+	reservation = exec_reserve(cache, fcinfo);
 
 	th = DatumGetHeapTupleHeader(reservation);
 	tuple.t_len = HeapTupleHeaderGetDatumLength(th);
@@ -291,24 +330,7 @@ idem_execute(PG_FUNCTION_ARGS)
 	body = GetAttributeByNum(th, 2, &body_null);
 	headers = GetAttributeByNum(th, 3, &headers_null);
 
-	/* idem_complete(tenant, scope, key, status, body, headers, NULL, false) */
-	InitFunctionCallInfoData(*call, &cache->complete, 8, InvalidOid, NULL, NULL);
-	for (int i = 0; i < 3; i++)
-	{
-		call->args[i].value = PG_GETARG_DATUM(i);
-		call->args[i].isnull = false;
-	}
-	call->args[3].value = status;
-	call->args[3].isnull = false;
-	call->args[4].value = body;
-	call->args[4].isnull = body_null;
-	call->args[5].value = headers;
-	call->args[5].isnull = headers_null;
-	call->args[6].value = (Datum) 0;
-	call->args[6].isnull = true;
-	call->args[7].value = BoolGetDatum(false);
-	call->args[7].isnull = false;
-	(void) FunctionCallInvoke(call);
+	exec_complete(cache, fcinfo, status, body, body_null, headers, headers_null);
 
 	/* "created", with the response the handler gave; the key is finished */
 	values[cache->col[COL_HTTP_STATUS]] = status;

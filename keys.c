@@ -1377,43 +1377,28 @@ reserve_count(KeyIdent *id, ReserveOutcome outcome)
 }
 
 /*
- * Shared body of idem_reserve and of the entry points of version 1.0.
- * Arguments: tenant, scope, key, then the request (jsonb) at request_arg
- * and the fingerprint (bytea) at fingerprint_arg (-1 where the signature
- * has none; exactly one of them must be non-null), ttl at 4 and wait at 5.
- * Takes the key's lock (kept to the end of the transaction only when the
- * call wrote); writes the key's row for "created" and for a stale
- * reservation.
+ * The checks of idem_reserve's arguments after the key's identity, all
+ * before anything is read or written: exactly one of request and
+ * fingerprint, their sizes, ttl and wait.  Sets *from_request, copies a
+ * given fingerprint into "fingerprint", and returns ttl (NULL when not
+ * given) and wait.
  */
-static Datum
-reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
+static void
+reserve_check_args(FunctionCallInfo fcinfo, int request_arg,
+				   int fingerprint_arg, bool *from_request,
+				   uint8 *fingerprint, Interval **ttl_arg, int64 *wait_usecs)
 {
-	KeyIdent	id;
-	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
-	bool		from_request;
-	Interval   *ttl_arg = NULL;
-	Interval	ttl;
-	Interval	lock_timeout;
-	int64		wait_usecs = 0;
-	ScopePolicy policy;
-	LOCKTAG		tag;
-	TimestampTz now = GetCurrentTimestamp();
-	TimestampTz deadline = 0;
-	ReserveAnswer ans;
-	MemoryContext callcxt = CurrentMemoryContext;
-	Datum		result;
-	long		sleep_ms = 10;
-
-	keys_ident_from_args(fcinfo, &id);
-	from_request = request_arg >= 0 && !PG_ARGISNULL(request_arg);
-	if (from_request == (fingerprint_arg >= 0 && !PG_ARGISNULL(fingerprint_arg)))
+	*ttl_arg = NULL;
+	*wait_usecs = 0;
+	*from_request = request_arg >= 0 && !PG_ARGISNULL(request_arg);
+	if (*from_request == (fingerprint_arg >= 0 && !PG_ARGISNULL(fingerprint_arg)))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg(from_request ?
+				 errmsg(*from_request ?
 						"request and fingerprint must not both be given" :
 						"request or fingerprint must be given"),
 				 errhint("Pass the request body as request, or its SHA-256 as fingerprint => idem_fingerprint(body), not both.")));
-	if (from_request)
+	if (*from_request)
 	{
 		Size		size = keys_datum_size(fcinfo, request_arg);
 
@@ -1442,8 +1427,8 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 	{
 		int64		ttl_usecs;
 
-		ttl_arg = PG_GETARG_INTERVAL_P(4);
-		ttl_usecs = keys_interval_usecs(ttl_arg);
+		*ttl_arg = PG_GETARG_INTERVAL_P(4);
+		ttl_usecs = keys_interval_usecs(*ttl_arg);
 		if (ttl_usecs <= 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -1457,18 +1442,51 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 	}
 	if (!PG_ARGISNULL(5))
 	{
-		wait_usecs = keys_interval_usecs(PG_GETARG_INTERVAL_P(5));
-		if (wait_usecs < 0)
+		*wait_usecs = keys_interval_usecs(PG_GETARG_INTERVAL_P(5));
+		if (*wait_usecs < 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("wait must not be negative"),
 					 errhint("Pass how long to wait for a concurrent attempt, for example interval '2 seconds', or 0 not to wait.")));
-		if (wait_usecs > MAX_WAIT_USECS)
+		if (*wait_usecs > MAX_WAIT_USECS)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("wait must be at most 1 day"),
 					 errhint("Pass how long to wait for a concurrent attempt, for example interval '2 seconds'; use statement_timeout to bound the whole statement.")));
 	}
+}
+
+/*
+ * Shared body of idem_reserve and of the entry points of version 1.0.
+ * Arguments: tenant, scope, key, then the request (jsonb) at request_arg
+ * and the fingerprint (bytea) at fingerprint_arg (-1 where the signature
+ * has none; exactly one of them must be non-null), ttl at 4 and wait at 5.
+ * Takes the key's lock (kept to the end of the transaction only when the
+ * call wrote); writes the key's row for "created" and for a stale
+ * reservation.
+ */
+static Datum
+reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
+{
+	KeyIdent	id;
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	bool		from_request;
+	Interval   *ttl_arg;
+	Interval	ttl;
+	Interval	lock_timeout;
+	int64		wait_usecs;
+	ScopePolicy policy;
+	LOCKTAG		tag;
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz deadline = 0;
+	ReserveAnswer ans;
+	MemoryContext callcxt = CurrentMemoryContext;
+	Datum		result;
+	long		sleep_ms = 10;
+
+	keys_ident_from_args(fcinfo, &id);
+	reserve_check_args(fcinfo, request_arg, fingerprint_arg, &from_request,
+					   fingerprint, &ttl_arg, &wait_usecs);
 
 	keys_ensure_cache();
 	idem_spi_connect();
