@@ -32,7 +32,7 @@ tps() {
 
 declare -A tps_of
 variants="new_ext new_exec new_plpgsql new_sql new_none new_floor replay_ext replay_plpgsql replay_sql
-          new_ext_async new_plpgsql_async new_sql_async new_none_async"
+          new_ext_async new_exec_async new_plpgsql_async new_sql_async new_none_async"
 reversed=$(echo $variants | tr ' ' '\n' | tac | tr '\n' ' ')
 for round in 1 2; do
     # the second round runs in reverse order, so that no variant always
@@ -84,6 +84,8 @@ compare "ceiling: free idempotency vs naive PL/pgSQL (durable):" new_floor new_p
 compare "new request vs naive PL/pgSQL (synchronous_commit off):" new_ext_async new_plpgsql_async
 compare "new request vs bare SQL (synchronous_commit off):" new_ext_async new_sql_async
 compare "new request vs no idempotency (synchronous_commit off):" new_ext_async new_none_async
+compare "idem_execute vs naive PL/pgSQL (synchronous_commit off):" new_exec_async new_plpgsql_async ">= 2.0"
+compare "idem_execute vs six statements (synchronous_commit off):" new_exec_async new_ext_async
 compare "replay vs naive PL/pgSQL:" replay_ext replay_plpgsql ">= 1.5"
 compare "replay vs bare SQL:" replay_ext replay_sql
 echo
