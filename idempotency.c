@@ -35,6 +35,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/timestamp.h"
 
 #include "idempotency.h"
 
@@ -240,6 +241,28 @@ idem_effective_tenant(void)
 	if (idem_session_tenant != NULL && idem_session_tenant[0] != '\0')
 		return idem_session_tenant;
 	return NULL;
+}
+
+/* An interval of "seconds" (a GUC value): no months or days. */
+Interval
+idem_seconds_interval(int seconds)
+{
+	Interval	iv;
+
+	iv.time = (int64) seconds * USECS_PER_SEC;
+	iv.day = 0;
+	iv.month = 0;
+	return iv;
+}
+
+/* "iv" as a Datum, palloc'd in the current context. */
+Datum
+idem_interval_datum(Interval iv)
+{
+	Interval   *result = (Interval *) palloc(sizeof(Interval));
+
+	*result = iv;
+	return IntervalPGetDatum(result);
 }
 
 /*

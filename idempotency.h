@@ -20,6 +20,7 @@
 #include "postgres.h"
 
 #include "fmgr.h"
+#include "datatype/timestamp.h"
 #include "utils/array.h"
 #include "utils/jsonb.h"
 
@@ -59,6 +60,10 @@ extern bool idem_loaded_at_startup;
  * that first (22004) so the message can name the argument.
  */
 extern void idem_check_tenant(const char *tenant);
+
+/* An interval of "seconds" (a GUC value), and the same palloc'd as a Datum. */
+extern Interval idem_seconds_interval(int seconds);
+extern Datum idem_interval_datum(Interval iv);
 
 /* 22001 when a tenant or scope name is over IDEM_MAX_NAME_LEN bytes. */
 extern void idem_check_name_length(const char *what, const char *value);

@@ -476,17 +476,6 @@ keys_interval_usecs(const Interval *iv)
 	return result;
 }
 
-static Interval
-keys_seconds_interval(int seconds)
-{
-	Interval	iv;
-
-	iv.time = (int64) seconds * USECS_PER_SEC;
-	iv.day = 0;
-	iv.month = 0;
-	return iv;
-}
-
 static TimestampTz
 keys_add_interval(TimestampTz ts, Interval *iv)
 {
@@ -1500,11 +1489,11 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 	else if (policy.has_ttl)
 		ttl = policy.ttl;
 	else
-		ttl = keys_seconds_interval(idem_default_ttl);
+		ttl = idem_seconds_interval(idem_default_ttl);
 	if (policy.has_lock_timeout)
 		lock_timeout = policy.lock_timeout;
 	else
-		lock_timeout = keys_seconds_interval(idem_default_lock_timeout);
+		lock_timeout = idem_seconds_interval(idem_default_lock_timeout);
 
 	keys_lock_tag(&tag, &id);
 	if (wait_usecs > 0)

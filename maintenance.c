@@ -190,16 +190,6 @@ maint_check_batch_size(FunctionCallInfo fcinfo, const char *funcname)
 	return batch_size;
 }
 
-/* An interval of "seconds" (a GUC value), palloc'd. */
-static Datum
-maint_seconds_interval(int seconds)
-{
-	Interval   *iv = (Interval *) palloc0(sizeof(Interval));
-
-	iv->time = (TimeOffset) seconds * USECS_PER_SEC;
-	return IntervalPGetDatum(iv);
-}
-
 /*
  * maint_count_into_stats
  *		Sum the (tenant, scope, count) rows of the last SPI statement and add
@@ -296,7 +286,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 					 errhint("Pass the age after which a processing key counts as stale, such as '10 minutes', or NULL for each scope's lock_timeout.")));
 		values[0] = IntervalPGetDatum(older_than);
 	}
-	values[1] = maint_seconds_interval(idem_default_lock_timeout);
+	values[1] = idem_interval_datum(idem_seconds_interval(idem_default_lock_timeout));
 
 	idem_spi_connect();
 	ret = SPI_execute_plan(idem_saved_plan(&sweep_plan, sweep_sql, 2, argtypes, 0),
@@ -353,7 +343,7 @@ idem_purge_outbox(PG_FUNCTION_ARGS)
 	int64		total;
 
 	values[0] = Int32GetDatum(batch_size);
-	values[1] = maint_seconds_interval(idem_outbox_retention);
+	values[1] = idem_interval_datum(idem_seconds_interval(idem_outbox_retention));
 
 	idem_spi_connect();
 	ret = SPI_execute_plan(idem_saved_plan(&purge_plan, purge_sql, 2, argtypes, 0),
