@@ -289,6 +289,11 @@ idem_execute(PG_FUNCTION_ARGS)
 	if (cache->result_desc->natts > (int) lengthof(values))
 		elog(ERROR, "idempotency.reservation has too many columns");
 	handler = PG_GETARG_OID(EXEC_HANDLER);
+	if (!OidIsValid(handler))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("handler must name a function"),
+				 errhint("Pass the handler's name, such as 'shop.create_order'; '-' names no function.")));
 	if (handler != cache->handler)
 		exec_check_handler(cache, handler, fcinfo->flinfo->fn_mcxt);
 

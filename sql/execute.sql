@@ -91,6 +91,8 @@ SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'e
 SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'ex.bad_status')$$);
 SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'ex.missing')$$);
 SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', NULL)$$);
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', '-')$$);
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 0::regproc)$$);
 SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', NULL, 'ex.create_order')$$);
 SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', '', '{}', 'ex.create_order')$$);
 SELECT count(*) AS keys FROM idempotency.keys WHERE idem_key = 'k-6';
