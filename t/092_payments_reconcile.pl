@@ -200,12 +200,13 @@ like((grep { /flag-nocap/ } @out)[0], qr/no capture under this key \(0 call/,
 like((grep { /flag-cap/ } @out)[0], qr/captured \Q$flag_cap\E/,
 	'the resolved key\'s line names the capture');
 
-is( ops(
+# (idem_lookup is the application's: looked up here as the superuser)
+is( $node->safe_psql('postgres',
 		"SELECT status || ' ' || needs_reconciliation || ' ' || response_code"
 		  . " FROM idem_lookup('acme', 'charges', 'flag-cap')"),
 	'succeeded false 201',
 	'flag-cap: succeeded, no longer flagged, 201 stored');
-is( ops(
+is( $node->safe_psql('postgres',
 		"SELECT status || ' ' || needs_reconciliation"
 		  . " FROM idem_lookup('acme', 'charges', 'flag-nocap')"),
 	'processing true',

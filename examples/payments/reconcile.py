@@ -4,8 +4,8 @@
 Compares what the payment provider recorded (GET /_ledger: its captures,
 keyed by the Idempotency-Key worker.py sends, tenant:scope:key) with the
 charges (payments.charges) and the idempotency keys, once per run (run it
-from cron, a systemd timer or by hand), and prints a report: one line per
-item, then a summary.
+from cron, a systemd timer or by hand), and prints a report: what it
+compared, one line per item, then a summary (counts per kind).
 
     uncaptured TENANT charges KEY: ...
         A charge the provider never captured: no capture under the charge's
@@ -104,7 +104,8 @@ def resolve(conn, key, charge, capture):
     transaction; return the charge's body, or raise."""
     with conn.transaction():
         looked = conn.execute(
-            "SELECT status::text, needs_reconciliation FROM idem_lookup(%s, %s, %s)",
+            "SELECT status::text, needs_reconciliation FROM idempotency.keys"
+            " WHERE tenant_id = %s AND scope = %s AND idem_key = %s",
             (key["tenant_id"], key["scope"], key["idem_key"])).fetchone()
         if looked != ("processing", True):
             raise RuntimeError("the key changed meanwhile (%s)" % (looked,))
@@ -122,7 +123,8 @@ def resolve(conn, key, charge, capture):
 
 def run(conn, calls, captures):
     """Compare, resolve what the provider proves; return the report's items
-    as (kind, tenant, scope, key, detail)."""
+    as (kind, tenant, scope, key, detail), the charges and the number of
+    flagged keys."""
     items = []
     cur = conn.cursor(row_factory=psycopg.rows.dict_row)
     charges = cur.execute(
@@ -207,17 +209,19 @@ def run(conn, calls, captures):
         items.append(("capture_without_charge", parts[0], parts[1], parts[2],
                       "the provider captured %s; there is no charge and no"
                       " reservation under this key" % capture["id"]))
-    return items
+    return items, charges, sum(1 for k in keys if k["needs_reconciliation"])
 
 
 def main():
     try:
         calls, captures = fetch_ledger()
         with psycopg.connect(DSN, connect_timeout=5) as conn:
-            items = run(conn, calls, captures)
+            items, charges, nflagged = run(conn, calls, captures)
     except (OSError, ValueError, psycopg.Error) as e:
         sys.stderr.write("reconcile: could not run: %s\n" % e)
         return 2
+    print("reconcile: %d charge(s), %d flagged key(s); the provider at %s made %d capture(s)"
+          % (len(charges), nflagged, PROVIDER_URL, len(captures)))
     kinds = ["uncaptured", "capture_without_charge", "resolved", "unresolved"]
     items.sort(key=lambda i: (kinds.index(i[0]),) + i[1:4])
     for kind, tenant, scope, key, detail in items:
