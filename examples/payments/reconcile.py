@@ -10,7 +10,8 @@ compared, one line per item, then a summary (counts per kind).
     uncaptured TENANT charges KEY: ...
         A charge the provider never captured: no capture under the charge's
         key, the charge older than RECONCILE_GRACE seconds (younger ones are
-        in flight: the worker has not delivered them yet).  The line shows
+        in flight: the worker has not delivered them yet) and its key
+        finished (a processing key is an attempt in flight, or flagged).  The line shows
         the charge's outbox row (pending, leased, dead, with its last
         error).  Reported only: the outbox delivers it (a dead letter is
         requeued by an operator with outbox_requeue).
@@ -185,9 +186,8 @@ def run(conn, calls, captures):
     for pkey, c in charge_of.items():
         if pkey in captures or not c["past_grace"]:
             continue
-        k = processing.get(pkey)
-        if k is not None and k["needs_reconciliation"]:
-            continue    # reported above
+        if pkey in processing:
+            continue    # a two-phase attempt in flight, or flagged (reported above)
         if c["outbox_id"] is None:
             outbox = "no outbox row"
         else:
