@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Walk through the example payments API with curl: a charge, its replay, a
-# mismatch, a concurrent duplicate, and the outbox delivering the capture to
-# the provider exactly once.  The service, the worker and the operator each
-# log in as a role of their own, granted one of the extension's roles; none
-# is a superuser.  Needs a database with the idempotency extension and a
-# superuser connection for the set-up (libpq environment: PGHOST, PGPORT,
-# PGDATABASE, ...); run by "make demo".
+# mismatch, a concurrent duplicate, the outbox delivering the capture to
+# the provider exactly once, and the reconciliation job settling an attempt
+# that died after the provider captured.  The service, the worker and the
+# operator each log in as a role of their own, granted one of the
+# extension's roles; none is a superuser.  Needs a database with the
+# idempotency extension and a superuser connection for the set-up (libpq
+# environment: PGHOST, PGPORT, PGDATABASE, ...); run by "make demo".
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=/usr/bin/python3
@@ -105,3 +106,36 @@ echo "== 7. the operator, as payments_ops: maintenance and health"
 echo "\$ psql -U payments_ops -c 'CALL idem_maintain()'"
 as_ops -q -c 'CALL idem_maintain()'
 as_ops -c 'SELECT processing, needs_reconciliation, outbox_pending, outbox_leased, outbox_dead FROM idempotency.health'
+
+echo
+echo "== 8. reconciliation: a two-phase attempt (reservation and charge committed first,"
+echo "   then the provider called) dies after the provider captured, before idem_complete"
+as_service -q -v ON_ERROR_STOP=1 <<'SQL'
+BEGIN;
+SELECT set_config('idempotency.tenant', 'acme', true) \g /dev/null
+SELECT outcome FROM idem_reserve('acme', 'charges', 'order-1003',
+    '{"amount": 7.00, "currency": "EUR", "customer": "cus_9"}') \g /dev/null
+INSERT INTO payments.charges (tenant_id, idem_key, amount, currency, customer)
+VALUES ('acme', 'order-1003', 7.00, 'EUR', 'cus_9');
+COMMIT;
+SQL
+curl -s -o /dev/null -X POST "$PROVIDER_URL/v1/captures" -H 'Idempotency-Key: acme:charges:order-1003' \
+    -H 'Content-Type: application/json' -d '{"amount": "7.00", "currency": "EUR", "customer": "cus_9"}'
+sleep 1.2
+echo "the sweeper flags the stuck reservation (as if its 30-second lock_timeout had passed):"
+echo "\$ psql -U payments_ops -c \"SELECT idem_sweep('1 second')\""
+as_ops -Atc "SELECT idem_sweep('1 second')"
+as_ops -c 'SELECT processing, needs_reconciliation FROM idempotency.health'
+echo "the client's retry cannot know the outcome yet:"
+charge order-1003 '{"amount": 7.00, "currency": "EUR", "customer": "cus_9"}'
+echo "the reconciliation job, as payments_ops, compares the provider's ledger with the charges and the keys:"
+echo "\$ PAYMENTS_OPS_DSN='... user=payments_ops' PROVIDER_URL=$PROVIDER_URL ./reconcile.py"
+rc=0
+PAYMENTS_OPS_DSN="dbname=$PGDATABASE user=payments_ops password=$OPS_PW" $PY reconcile.py || rc=$?
+echo "(exit status $rc; 0: nothing unexplained, 1: discrepancies reported)"
+echo
+as_ops -c "SELECT idem_key, status, provider_ref FROM payments.charges WHERE idem_key = 'order-1003'"
+as_ops -c 'SELECT processing, needs_reconciliation FROM idempotency.health'
+echo "the retry now replays the outcome the provider proved:"
+charge order-1003 '{"amount": 7.00, "currency": "EUR", "customer": "cus_9"}'
+[ "$rc" = 0 ]

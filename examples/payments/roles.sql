@@ -31,7 +31,12 @@ GRANT SELECT (id, tenant_id), UPDATE (status, provider_ref)
    ON payments.charges TO payments_worker;
 
 -- Operations: scope policy, maintenance, health, stats, reconciliation of
--- flagged keys, dead letters.
+-- flagged keys (reconcile.py), dead letters.
 GRANT idempotency_admin TO payments_ops;
 GRANT USAGE ON SCHEMA payments TO payments_ops;
 GRANT SELECT ON payments.charges TO payments_ops;
+-- The reconciliation job (reconcile.py) resolves a flagged key the provider
+-- proves captured: it marks that charge captured, as the worker would have,
+-- in the transaction that calls idem_resolve.  It inserts and deletes
+-- nothing.
+GRANT UPDATE (status, provider_ref) ON payments.charges TO payments_ops;
