@@ -19,6 +19,9 @@ DATA_built = idempotency--$(EXTVERSION).sql
 DATA = $(filter-out idempotency--$(EXTVERSION).sql,$(wildcard idempotency--*.sql))
 INSTALL_PARTS = $(sort $(wildcard $(srcdir)/install/*.sql))
 
+# Every file in sql/ and specs/ is a test, run in name order (00_install
+# first: it creates the extension the others use); a new test is a new
+# file, with no list to keep in step.
 REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
 # idempotency.conf: what a temporary instance needs (EXTRA_REGRESS_OPTS=
 # --temp-instance=DIR); a running server is used as it is configured
