@@ -7,7 +7,7 @@
 
 EXTENSION = idempotency
 MODULE_big = idempotency
-OBJS = idempotency.o fingerprint.o keys.o guard.o execute.o outbox.o maintenance.o stats.o
+OBJS = idempotency.o fingerprint.o keys.o guard.o execute.o ratelimit.o outbox.o maintenance.o stats.o
 PGFILEDESC = "idempotency - idempotency keys and a transactional outbox"
 
 # The version comes from the control file, in this one place.  The current

@@ -293,6 +293,11 @@ CREATE OR REPLACE VIEW idempotency.dead_letters AS
  */
 ALTER TABLE idempotency.scopes ADD COLUMN retryable_codes int[];
 
+/* Key spraying: a rate of new keys per tenant, answered rate_limited (429). */
+ALTER TYPE idempotency.outcome ADD VALUE 'rate_limited';
+ALTER TABLE idempotency.scopes ADD COLUMN new_keys_per_second float8,
+    ADD COLUMN new_keys_burst int;
+
 DROP FUNCTION @extschema@.idem_complete(text, text, text, int, jsonb, jsonb, uuid);
 CREATE FUNCTION @extschema@.idem_complete(tenant text, scope text, key text,
                               response_code int, response_body jsonb,
@@ -319,7 +324,8 @@ AS $$
 DECLARE
     valid constant text[] := ARRAY['ttl', 'lock_timeout', 'cache_server_errors',
                                    'stale_action', 'fingerprint_ignore',
-                                   'retryable_codes'];
+                                   'retryable_codes', 'new_keys_per_second',
+                                   'new_keys_burst'];
     unknown text;
     opt text;
     v jsonb;
@@ -330,6 +336,8 @@ DECLARE
     p_stale idempotency.stale_action := 'fail';
     p_ignore text[];
     p_retryable int[];
+    p_rate float8;
+    p_burst int;
     result idempotency.scopes;
 BEGIN
     IF scope IS NULL OR scope = '' THEN
@@ -434,25 +442,49 @@ BEGIN
           FROM pg_catalog.jsonb_array_elements(v) AS e;
     END IF;
 
+    v := options -> 'new_keys_per_second';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'number'
+           OR (v #>> '{}')::numeric <= 0 OR (v #>> '{}')::numeric > 1000000 THEN
+            RAISE EXCEPTION 'scope option "new_keys_per_second" must be a number above 0 and at most 1000000'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass how many new keys a tenant may create per second in this scope, such as 50 or 0.5.';
+        END IF;
+        p_rate := (v #>> '{}')::float8;
+    END IF;
+    v := options -> 'new_keys_burst';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'number'
+           OR (v #>> '{}')::numeric < 1 OR (v #>> '{}')::numeric > 1000000
+           OR (v #>> '{}')::numeric <> pg_catalog.trunc((v #>> '{}')::numeric) THEN
+            RAISE EXCEPTION 'scope option "new_keys_burst" must be an integer from 1 to 1000000'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass how many new keys a tenant may create at once before the rate applies, such as 100.';
+        END IF;
+        p_burst := (v #>> '{}')::int;
+    END IF;
+
     INSERT INTO idempotency.scopes AS s
            (scope, ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore,
-            retryable_codes)
+            retryable_codes, new_keys_per_second, new_keys_burst)
     VALUES (idem_configure_scope.scope, p_ttl, p_lock_timeout, p_cache, p_stale, p_ignore,
-            p_retryable)
+            p_retryable, p_rate, p_burst)
     ON CONFLICT ON CONSTRAINT scopes_pkey DO UPDATE SET
         ttl = CASE WHEN options ? 'ttl' THEN EXCLUDED.ttl ELSE s.ttl END,
         lock_timeout = CASE WHEN options ? 'lock_timeout' THEN EXCLUDED.lock_timeout ELSE s.lock_timeout END,
         cache_server_errors = CASE WHEN options ? 'cache_server_errors' THEN EXCLUDED.cache_server_errors ELSE s.cache_server_errors END,
         stale_action = CASE WHEN options ? 'stale_action' THEN EXCLUDED.stale_action ELSE s.stale_action END,
         fingerprint_ignore = CASE WHEN options ? 'fingerprint_ignore' THEN EXCLUDED.fingerprint_ignore ELSE s.fingerprint_ignore END,
-        retryable_codes = CASE WHEN options ? 'retryable_codes' THEN EXCLUDED.retryable_codes ELSE s.retryable_codes END
+        retryable_codes = CASE WHEN options ? 'retryable_codes' THEN EXCLUDED.retryable_codes ELSE s.retryable_codes END,
+        new_keys_per_second = CASE WHEN options ? 'new_keys_per_second' THEN EXCLUDED.new_keys_per_second ELSE s.new_keys_per_second END,
+        new_keys_burst = CASE WHEN options ? 'new_keys_burst' THEN EXCLUDED.new_keys_burst ELSE s.new_keys_burst END
     RETURNING s.* INTO result;
     RETURN result;
 END
 $$;
 
 COMMENT ON FUNCTION @extschema@.idem_configure_scope(text, jsonb) IS
-'set the policy of a scope: ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore, retryable_codes';
+'set the policy of a scope: ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore, retryable_codes, new_keys_per_second, new_keys_burst';
 
 /* ---- guard.c: the coverage guard ---- */
 

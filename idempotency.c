@@ -567,4 +567,5 @@ _PG_init(void)
 	MarkGUCPrefixReserved("idempotency");
 
 	idem_stats_init();
+	idem_rate_init();
 }

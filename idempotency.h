@@ -120,6 +120,14 @@ extern struct _SPI_plan *idem_saved_plan(struct _SPI_plan **cache,
 extern bool idem_holds_reservation(char **scopes, int nscopes);
 
 /* ----------------------------------------------------------------
+ * ratelimit.c: new keys per second per tenant, in shared memory
+ * ----------------------------------------------------------------
+ */
+extern void idem_rate_init(void);
+extern bool idem_rate_admit(const char *tenant, const char *scope,
+							double per_second, int burst, int *retry_after_s);
+
+/* ----------------------------------------------------------------
  * fingerprint.c: RFC 8785 canonical JSON and SHA-256
  * ----------------------------------------------------------------
  */

@@ -45,6 +45,7 @@
 #include "postgres.h"
 
 #include <limits.h>
+#include <math.h>
 
 #include "access/detoast.h"
 #include "access/genam.h"
@@ -111,11 +112,12 @@ typedef enum ReserveOutcome
 	OUTCOME_IN_PROGRESS,
 	OUTCOME_MISMATCH,
 	OUTCOME_STALE,
+	OUTCOME_RATE_LIMITED,		/* version 1.1 */
 	OUTCOME_COUNT
 } ReserveOutcome;
 
 static const char *const outcome_labels[OUTCOME_COUNT] = {
-	"created", "replay", "in_progress", "mismatch", "stale"
+	"created", "replay", "in_progress", "mismatch", "stale", "rate_limited"
 };
 
 /* Statuses, in the order of the idempotency.status enum. */
@@ -142,6 +144,8 @@ typedef struct ScopePolicy
 	bool		takeover;
 	ArrayType  *ignore;			/* fingerprint_ignore, or NULL */
 	uint64		retryable[8];	/* retryable_codes: bit (code - 100) */
+	double		new_keys_per_second;	/* 0: no limit */
+	int32		new_keys_burst;
 } ScopePolicy;
 
 #define RETRYABLE_BIT(code) ((uint64) 1 << (((code) - 100) % 64))
@@ -395,7 +399,12 @@ keys_ensure_cache(void)
 
 		typid = keys_type_oid(nsp, "outcome");
 		for (i = 0; i < OUTCOME_COUNT; i++)
-			outcome_oids[i] = keys_enum_label_oid(typid, outcome_labels[i]);
+			outcome_oids[i] = i == OUTCOME_RATE_LIMITED ?
+				/* absent until ALTER EXTENSION UPDATE; never answered then */
+				GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
+								ObjectIdGetDatum(typid),
+								CStringGetDatum(outcome_labels[i])) :
+				keys_enum_label_oid(typid, outcome_labels[i]);
 		typid = keys_type_oid(nsp, "status");
 		for (i = 0; i < STATUS_COUNT; i++)
 			status_oids[i] = keys_enum_label_oid(typid, status_labels[i]);
@@ -853,14 +862,16 @@ keys_scope_policy(const char *scope, ScopePolicy *policy)
 		plan = idem_saved_plan(&plan_scope,
 							   "SELECT ttl, lock_timeout, cache_server_errors,"
 							   " stale_action OPERATOR(pg_catalog.=) 'takeover',"
-							   " fingerprint_ignore, retryable_codes"
+							   " fingerprint_ignore, retryable_codes,"
+							   " new_keys_per_second, new_keys_burst"
 							   " FROM idempotency.scopes WHERE scope = $1",
 							   1, argtypes, 0);
 	else
 		plan = idem_saved_plan(&plan_scope_10,
 							   "SELECT ttl, lock_timeout, cache_server_errors,"
 							   " stale_action OPERATOR(pg_catalog.=) 'takeover',"
-							   " fingerprint_ignore, NULL::pg_catalog.int4[]"
+							   " fingerprint_ignore, NULL::pg_catalog.int4[],"
+							   " NULL::pg_catalog.float8, NULL::pg_catalog.int4"
 							   " FROM idempotency.scopes WHERE scope = $1",
 							   1, argtypes, 0);
 	values[0] = CStringGetTextDatum(scope);
@@ -896,6 +907,15 @@ keys_scope_policy(const char *scope, ScopePolicy *policy)
 		d = SPI_getbinval(tup, desc, 6, &isnull);
 		if (!isnull)
 			keys_retryable_bits(DatumGetArrayTypeP(d), policy->retryable);
+		d = SPI_getbinval(tup, desc, 7, &isnull);
+		if (!isnull && OidIsValid(outcome_oids[OUTCOME_RATE_LIMITED]))
+		{
+			policy->new_keys_per_second = DatumGetFloat8(d);
+			d = SPI_getbinval(tup, desc, 8, &isnull);
+			policy->new_keys_burst = isnull ?
+				(int32) Max(1.0, ceil(policy->new_keys_per_second)) :
+				DatumGetInt32(d);
+		}
 	}
 
 	if (!cacheable)
@@ -1139,6 +1159,26 @@ reserve_flag_stale(KeyIdent *id)
 }
 
 /*
+ * A scope that limits new keys per tenant: when this one would go over,
+ * answer rate_limited (429, retry_after) and write nothing.
+ */
+static bool
+reserve_rate_limited(KeyIdent *id, const ScopePolicy *policy,
+					 ReserveAnswer *ans)
+{
+	int			retry_after;
+
+	if (policy->new_keys_per_second <= 0 ||
+		idem_rate_admit(id->tenant, id->scope, policy->new_keys_per_second,
+						policy->new_keys_burst, &retry_after))
+		return false;
+	ans->outcome = OUTCOME_RATE_LIMITED;
+	ans->http_status = 429;
+	ans->retry_after = retry_after;
+	return true;
+}
+
+/*
  * Decide the answer for a key whose row exists.  Returns true if it wrote
  * (the caller then keeps the key's lock until the end of the transaction).
  */
@@ -1153,6 +1193,8 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 	if (row->status != status_oids[STATUS_PROCESSING] && row->expires_at <= now)
 	{
 		/* expired: the same key is a new request */
+		if (reserve_rate_limited(id, policy, ans))
+			return false;
 		keys_new_token(DatumGetUUIDP(newvalues[4]));
 		if (!reserve_renew(newvalues))
 		{
@@ -1301,6 +1343,8 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 		}
 		if (!found)
 		{
+			if (reserve_rate_limited(id, policy, ans))
+				return false;
 			keys_new_token(token);
 			reserve_insert(newvalues);
 			ans->outcome = OUTCOME_CREATED;
@@ -1359,8 +1403,12 @@ reserve_count(KeyIdent *id, ReserveOutcome outcome)
 {
 	static const IdemCounter counters[OUTCOME_COUNT] = {
 		IDEM_STAT_CREATED, IDEM_STAT_REPLAYED, IDEM_STAT_IN_PROGRESS,
-		IDEM_STAT_MISMATCHED, IDEM_STAT_STALE
+		IDEM_STAT_MISMATCHED, IDEM_STAT_STALE, IDEM_STAT_NCOUNTERS
 	};
+
+	/* rate_limited has no counter of its own (see README) */
+	if (counters[outcome] == IDEM_STAT_NCOUNTERS)
+		return;
 
 	idem_stats_count(id->tenant, id->scope, counters[outcome], 1);
 }

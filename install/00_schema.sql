@@ -42,7 +42,7 @@ GRANT USAGE ON SCHEMA idempotency
 CREATE TYPE idempotency.status AS ENUM ('processing', 'succeeded', 'failed');
 
 CREATE TYPE idempotency.outcome AS ENUM
-    ('created', 'replay', 'in_progress', 'mismatch', 'stale');
+    ('created', 'replay', 'in_progress', 'mismatch', 'stale', 'rate_limited');
 
 CREATE TYPE idempotency.stale_action AS ENUM ('fail', 'takeover');
 
@@ -112,6 +112,8 @@ CREATE TABLE idempotency.scopes (
     stale_action        idempotency.stale_action NOT NULL DEFAULT 'fail',
     fingerprint_ignore  text[],
     retryable_codes     int[],
+    new_keys_per_second float8,
+    new_keys_burst      int,
     CONSTRAINT scopes_ttl_positive CHECK (ttl > interval '0'),
     CONSTRAINT scopes_lock_timeout_positive CHECK (lock_timeout > interval '0')
 );

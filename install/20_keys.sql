@@ -89,8 +89,10 @@ REVOKE EXECUTE ON FUNCTION idem_resolve(text, text, text, int, jsonb) FROM PUBLI
  * Admin: set a scope's policy.  "options" is a JSON object with any of ttl,
  * lock_timeout (interval text or seconds), cache_server_errors (boolean),
  * stale_action ("fail" or "takeover"), fingerprint_ignore (array of JSON
- * Pointers) and retryable_codes (status codes never stored); a member set
- * to null goes back to the default, members not given keep their value.  Everything is checked before the row is written.
+ * Pointers), retryable_codes (status codes never stored),
+ * new_keys_per_second and new_keys_burst (a rate of new keys per tenant); a
+ * member set to null goes back to the default, members not given keep
+ * their value.  Everything is checked before the row is written.
  */
 CREATE FUNCTION idem_configure_scope(scope text, options jsonb)
 RETURNS idempotency.scopes
@@ -100,7 +102,8 @@ AS $$
 DECLARE
     valid constant text[] := ARRAY['ttl', 'lock_timeout', 'cache_server_errors',
                                    'stale_action', 'fingerprint_ignore',
-                                   'retryable_codes'];
+                                   'retryable_codes', 'new_keys_per_second',
+                                   'new_keys_burst'];
     unknown text;
     opt text;
     v jsonb;
@@ -111,6 +114,8 @@ DECLARE
     p_stale idempotency.stale_action := 'fail';
     p_ignore text[];
     p_retryable int[];
+    p_rate float8;
+    p_burst int;
     result idempotency.scopes;
 BEGIN
     IF scope IS NULL OR scope = '' THEN
@@ -215,25 +220,49 @@ BEGIN
           FROM pg_catalog.jsonb_array_elements(v) AS e;
     END IF;
 
+    v := options -> 'new_keys_per_second';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'number'
+           OR (v #>> '{}')::numeric <= 0 OR (v #>> '{}')::numeric > 1000000 THEN
+            RAISE EXCEPTION 'scope option "new_keys_per_second" must be a number above 0 and at most 1000000'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass how many new keys a tenant may create per second in this scope, such as 50 or 0.5.';
+        END IF;
+        p_rate := (v #>> '{}')::float8;
+    END IF;
+    v := options -> 'new_keys_burst';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'number'
+           OR (v #>> '{}')::numeric < 1 OR (v #>> '{}')::numeric > 1000000
+           OR (v #>> '{}')::numeric <> pg_catalog.trunc((v #>> '{}')::numeric) THEN
+            RAISE EXCEPTION 'scope option "new_keys_burst" must be an integer from 1 to 1000000'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass how many new keys a tenant may create at once before the rate applies, such as 100.';
+        END IF;
+        p_burst := (v #>> '{}')::int;
+    END IF;
+
     INSERT INTO idempotency.scopes AS s
            (scope, ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore,
-            retryable_codes)
+            retryable_codes, new_keys_per_second, new_keys_burst)
     VALUES (idem_configure_scope.scope, p_ttl, p_lock_timeout, p_cache, p_stale, p_ignore,
-            p_retryable)
+            p_retryable, p_rate, p_burst)
     ON CONFLICT ON CONSTRAINT scopes_pkey DO UPDATE SET
         ttl = CASE WHEN options ? 'ttl' THEN EXCLUDED.ttl ELSE s.ttl END,
         lock_timeout = CASE WHEN options ? 'lock_timeout' THEN EXCLUDED.lock_timeout ELSE s.lock_timeout END,
         cache_server_errors = CASE WHEN options ? 'cache_server_errors' THEN EXCLUDED.cache_server_errors ELSE s.cache_server_errors END,
         stale_action = CASE WHEN options ? 'stale_action' THEN EXCLUDED.stale_action ELSE s.stale_action END,
         fingerprint_ignore = CASE WHEN options ? 'fingerprint_ignore' THEN EXCLUDED.fingerprint_ignore ELSE s.fingerprint_ignore END,
-        retryable_codes = CASE WHEN options ? 'retryable_codes' THEN EXCLUDED.retryable_codes ELSE s.retryable_codes END
+        retryable_codes = CASE WHEN options ? 'retryable_codes' THEN EXCLUDED.retryable_codes ELSE s.retryable_codes END,
+        new_keys_per_second = CASE WHEN options ? 'new_keys_per_second' THEN EXCLUDED.new_keys_per_second ELSE s.new_keys_per_second END,
+        new_keys_burst = CASE WHEN options ? 'new_keys_burst' THEN EXCLUDED.new_keys_burst ELSE s.new_keys_burst END
     RETURNING s.* INTO result;
     RETURN result;
 END
 $$;
 
 COMMENT ON FUNCTION idem_configure_scope(text, jsonb) IS
-'set the policy of a scope: ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore, retryable_codes';
+'set the policy of a scope: ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore, retryable_codes, new_keys_per_second, new_keys_burst';
 
 REVOKE EXECUTE ON FUNCTION idem_configure_scope(text, jsonb) FROM PUBLIC;
 

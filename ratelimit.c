@@ -1,0 +1,221 @@
+/*-------------------------------------------------------------------------
+ *
+ * ratelimit.c
+ *	  Rates of new keys per tenant, in shared memory: a scope that sets
+ *	  new_keys_per_second answers "rate_limited" to a tenant that creates
+ *	  keys faster than that, without writing anything.
+ *
+ * Each (database, tenant, scope) has one 64-bit word, the "theoretical
+ * arrival time" of the generic cell rate algorithm (GCRA, a token bucket
+ * in one number): a new key at time "now" is admitted when
+ *
+ *	  max(tat, now) - now <= (burst - 1) * interval
+ *
+ * and moves tat to max(tat, now) + interval, where interval is one second
+ * divided by the rate.  Admission is a compare-and-swap on that word under
+ * the table's lock in shared mode, so tenants never wait on each other;
+ * only the first key of a pair takes the lock in exclusive mode, to add
+ * its entry.  The table holds RATE_MAX_ENTRIES pairs; when it is full it
+ * is emptied (every pair starts again with a full burst), which only ever
+ * lets a little more through, never less.
+ *
+ * The state is soft: it is lost at a restart.  It needs the library in
+ * shared_preload_libraries; a scope that sets a rate without it is an
+ * error (55000) rather than a limit silently not applied.
+ *
+ * IDENTIFICATION
+ *	  ratelimit.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "common/hashfn.h"
+#include "miscadmin.h"
+#include "port/atomics.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/hsearch.h"
+#include "utils/timestamp.h"
+
+#include "idempotency.h"
+
+#define RATE_MAX_ENTRIES 8192
+
+typedef struct RateKey
+{
+	Oid			dbid;
+	uint64		pair;			/* hash of tenant and scope */
+} RateKey;
+
+typedef struct RateEntry
+{
+	RateKey		key;			/* hash key: must be first */
+	pg_atomic_uint64 tat;		/* theoretical arrival time, microseconds */
+} RateEntry;
+
+typedef struct RateShared
+{
+	LWLock	   *lock;
+} RateShared;
+
+static RateShared *rate_state = NULL;
+static HTAB *rate_hash = NULL;
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static void
+rate_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(RateShared)),
+									hash_estimate_size(RATE_MAX_ENTRIES,
+													   sizeof(RateEntry))));
+	RequestNamedLWLockTranche("idempotency rate limits", 1);
+}
+
+static void
+rate_shmem_startup(void)
+{
+	bool		found;
+	HASHCTL		info;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	rate_state = ShmemInitStruct("idempotency rate limits",
+								 sizeof(RateShared), &found);
+	if (!found)
+		rate_state->lock =
+			&(GetNamedLWLockTranche("idempotency rate limits"))->lock;
+	memset(&info, 0, sizeof(info));
+	info.keysize = sizeof(RateKey);
+	info.entrysize = sizeof(RateEntry);
+	rate_hash = ShmemInitHash("idempotency rate limits hash",
+							  RATE_MAX_ENTRIES, RATE_MAX_ENTRIES, &info,
+							  HASH_ELEM | HASH_BLOBS);
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * idem_rate_init
+ *		Called from _PG_init: shared memory exists only when the library is
+ *		preloaded.
+ */
+void
+idem_rate_init(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = rate_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = rate_shmem_startup;
+}
+
+/* One GCRA step on "entry"; true when admitted, else *wait_us is set. */
+static bool
+rate_step(RateEntry *entry, int64 now, int64 interval, int64 tolerance,
+		  int64 *wait_us)
+{
+	uint64		old = pg_atomic_read_u64(&entry->tat);
+
+	for (;;)
+	{
+		int64		tat = Max((int64) old, now);
+
+		if (tat - now > tolerance)
+		{
+			*wait_us = tat - now - tolerance;
+			return false;
+		}
+		if (pg_atomic_compare_exchange_u64(&entry->tat, &old,
+										   (uint64) (tat + interval)))
+			return true;
+		/* "old" now holds the value another backend wrote: try again */
+	}
+}
+
+/*
+ * idem_rate_admit
+ *		Admit one new key of (tenant, scope) at "per_second" keys a second
+ *		with bursts of "burst", or return false and set *retry_after_s
+ *		(whole seconds, at least 1).  Raises 55000 when the library was not
+ *		preloaded.
+ */
+bool
+idem_rate_admit(const char *tenant, const char *scope, double per_second,
+				int burst, int *retry_after_s)
+{
+	RateKey		key;
+	RateEntry  *entry;
+	uint32		hashcode;
+	int64		now = (int64) GetCurrentTimestamp();
+	int64		interval;
+	int64		tolerance;
+	int64		wait_us = 0;
+	bool		admitted;
+	bool		found;
+
+	if (rate_state == NULL || rate_hash == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("scope \"%s\" limits new keys, which needs idempotency in shared_preload_libraries",
+						scope),
+				 errhint("Add idempotency to shared_preload_libraries and restart, or remove the scope's new_keys_per_second.")));
+
+	interval = (int64) (USECS_PER_SEC / per_second);
+	if (interval < 1)
+		interval = 1;
+	tolerance = interval * (int64) (burst - 1);
+
+	memset(&key, 0, sizeof(key));
+	key.dbid = MyDatabaseId;
+	key.pair = hash_combine64(hash_bytes_extended((const unsigned char *) tenant,
+												  strlen(tenant), 0),
+							  hash_bytes_extended((const unsigned char *) scope,
+												  strlen(scope), 1));
+	hashcode = get_hash_value(rate_hash, &key);
+
+	LWLockAcquire(rate_state->lock, LW_SHARED);
+	entry = hash_search_with_hash_value(rate_hash, &key, hashcode,
+										HASH_FIND, NULL);
+	if (entry != NULL)
+	{
+		admitted = rate_step(entry, now, interval, tolerance, &wait_us);
+		LWLockRelease(rate_state->lock);
+	}
+	else
+	{
+		LWLockRelease(rate_state->lock);
+		LWLockAcquire(rate_state->lock, LW_EXCLUSIVE);
+		entry = hash_search_with_hash_value(rate_hash, &key, hashcode,
+											HASH_ENTER_NULL, &found);
+		if (entry == NULL)
+		{
+			/* full: start every pair over rather than refuse to track */
+			HASH_SEQ_STATUS status;
+			RateEntry  *e;
+
+			hash_seq_init(&status, rate_hash);
+			while ((e = hash_seq_search(&status)) != NULL)
+				(void) hash_search(rate_hash, &e->key, HASH_REMOVE, NULL);
+			entry = hash_search_with_hash_value(rate_hash, &key, hashcode,
+												HASH_ENTER, &found);
+		}
+		if (!found)
+			pg_atomic_init_u64(&entry->tat, 0);
+		admitted = rate_step(entry, now, interval, tolerance, &wait_us);
+		LWLockRelease(rate_state->lock);
+	}
+
+	if (!admitted)
+		*retry_after_s = (int) Min((wait_us + USECS_PER_SEC - 1) / USECS_PER_SEC,
+								   (int64) 86400);
+	if (!admitted && *retry_after_s < 1)
+		*retry_after_s = 1;
+	return admitted;
+}

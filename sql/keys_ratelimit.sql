@@ -1,0 +1,60 @@
+-- Key spraying: a scope's rate of new keys per tenant.  Over it,
+-- idem_reserve answers rate_limited (429, retry_after) and writes nothing;
+-- other tenants, replays and keys already held are not affected.
+CREATE FUNCTION pg_temp.err(sql text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    st text;
+    msg text;
+    hint text;
+BEGIN
+    EXECUTE sql;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+                            hint = PG_EXCEPTION_HINT;
+    RETURN st || ' ' || msg || E'\n      hint: ' || coalesce(hint, '(none)');
+END
+$$;
+
+-- one new key per 1000 seconds, bursts of 3
+SELECT scope, new_keys_per_second, new_keys_burst
+  FROM idem_configure_scope('rl_scope', '{"new_keys_per_second": 0.001, "new_keys_burst": 3}');
+
+-- tenant A sprays 6 keys: 3 created, then rate_limited with nothing written
+SELECT k, outcome, http_status, retry_after BETWEEN 900 AND 1000 AS retry_after_about_1000s
+  FROM generate_series(1, 6) AS k,
+       LATERAL idem_reserve('rl_a', 'rl_scope', 'spray-' || k, jsonb_build_object('k', k));
+SELECT count(*) AS keys_of_a FROM idempotency.keys WHERE tenant_id = 'rl_a';
+-- its existing keys still answer: a replay or in_progress is not a new key
+SELECT outcome FROM idem_reserve('rl_a', 'rl_scope', 'spray-1', '{"k": 1}');
+-- another tenant has its own rate
+SELECT k, outcome FROM generate_series(1, 3) AS k,
+       LATERAL idem_reserve('rl_b', 'rl_scope', 'b-' || k, jsonb_build_object('k', k));
+-- another scope of the same tenant is not limited
+SELECT count(*) AS created FROM generate_series(1, 10) AS k,
+       LATERAL idem_reserve('rl_a', 'rl_other', 'o-' || k, jsonb_build_object('k', k))
+ WHERE outcome = 'created';
+
+-- a rate of 10 a second with a burst of 1: a key within 100 ms of the
+-- last one waits (retry_after rounds up to 1 s)
+SELECT scope, new_keys_per_second, new_keys_burst
+  FROM idem_configure_scope('rl_fast', '{"new_keys_per_second": 10}');
+SELECT count(*) FILTER (WHERE outcome = 'created') > 0 AS some_created,
+       count(*) FILTER (WHERE outcome = 'rate_limited') > 0 AS some_limited,
+       bool_and(outcome <> 'rate_limited' OR retry_after = 1) AS retry_after_1
+  FROM generate_series(1, 2000) AS k,
+       LATERAL idem_reserve('rl_a', 'rl_fast', 'f-' || k, fingerprint => sha256(k::text::bytea));
+
+-- bad values are refused (22023) and change nothing
+SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_per_second": 0}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_per_second": "10"}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_burst": 1.5}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_burst": 0}')$$);
+SELECT scope, new_keys_per_second, new_keys_burst FROM idempotency.scopes WHERE scope = 'rl_scope';
+-- null lifts the limit
+SELECT scope, new_keys_per_second FROM idem_configure_scope('rl_scope', '{"new_keys_per_second": null}');
+SELECT outcome FROM idem_reserve('rl_a', 'rl_scope', 'after-lift', '{}');
+
+DELETE FROM idempotency.keys WHERE tenant_id IN ('rl_a', 'rl_b');
+DELETE FROM idempotency.scopes WHERE scope IN ('rl_scope', 'rl_fast');

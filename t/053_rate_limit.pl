@@ -1,0 +1,81 @@
+# Key spraying: one tenant creates keys as fast as it can from several
+# connections while another tenant sends ordinary requests.  The sprayer
+# gets exactly its burst of new keys and rate_limited for the rest, nothing
+# written; the other tenant's requests all pass.  Without the library in
+# shared_preload_libraries a scope that sets a rate is refused (55000).
+use strict;
+use warnings;
+use File::Temp qw(tempdir);
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest qw(new_idem_node);
+
+my $node = new_idem_node('rate_limit');
+my $dir = tempdir(CLEANUP => 1);
+
+# 50 new keys at once per tenant, then one every 1000 seconds
+$node->safe_psql('postgres', q{
+	SELECT idem_configure_scope('POST /v1/charges',
+	       '{"new_keys_per_second": 0.001, "new_keys_burst": 50}')});
+
+sub script
+{
+	my ($tenant) = @_;
+	my $file = "$dir/$tenant.sql";
+	open(my $fh, '>', $file) or die;
+	print $fh "\\set k random(1, 1000000000000)\n"
+	  . "SELECT outcome FROM idem_reserve('$tenant', 'POST /v1/charges', "
+	  . "'k-' || :client_id || '-' || :k, fingerprint => sha256((:k)::text::bytea));\n";
+	close $fh;
+	return $file;
+}
+
+my @conn = ('-h', $node->host, '-p', $node->port, 'postgres');
+# the sprayer: 4 connections, 250 new keys each
+my $spray = IPC::Run::start(
+	[ 'pgbench', '-n', '-c', '4', '-j', '2', '-t', '250', '-f', script('spray'), @conn ],
+	'>', "$dir/spray.out", '2>&1');
+# the honest tenant: 2 connections, 20 requests each, at the same time
+my $honest = IPC::Run::start(
+	[ 'pgbench', '-n', '-c', '2', '-j', '1', '-t', '20', '-f', script('honest'), @conn ],
+	'>', "$dir/honest.out", '2>&1');
+ok($spray->finish, 'the sprayer ran its 1000 reservations')
+  or diag(slurp_file("$dir/spray.out"));
+ok($honest->finish, 'the honest tenant ran its 40 reservations')
+  or diag(slurp_file("$dir/honest.out"));
+
+is($node->safe_psql('postgres',
+		"SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'spray'"),
+	50, 'the sprayer got exactly its burst of keys; the 950 others wrote nothing');
+is($node->safe_psql('postgres',
+		"SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'honest'"),
+	40, 'every request of the other tenant created its key');
+is($node->safe_psql('postgres', q{
+	SELECT outcome || ' ' || http_status || ' ' || (retry_after > 900)
+	  FROM idem_reserve('spray', 'POST /v1/charges', 'one-more', '{}')}),
+	'rate_limited 429 true', 'the next new key is answered 429 with retry_after');
+is($node->safe_psql('postgres',
+		"SELECT created FROM idem_stats() WHERE tenant = 'spray'"),
+	50, 'only the created keys were counted as created');
+$node->stop;
+
+# without shared memory the limit cannot be kept: refused, not ignored
+my $bare = new_idem_node('rate_limit_bare',
+	conf => "shared_preload_libraries = ''\n");
+$bare->safe_psql('postgres', q{
+	SELECT idem_configure_scope('limited', '{"new_keys_per_second": 5}')});
+my ($rc, $out, $err) = $bare->psql('postgres',
+	q{SELECT outcome FROM idem_reserve('a', 'limited', 'k1', '{}')},
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+like($err, qr/55000: scope "limited" limits new keys, which needs idempotency in shared_preload_libraries/,
+	'a rate without shared_preload_libraries is 55000');
+is($bare->safe_psql('postgres', 'SELECT count(*) FROM idempotency.keys'),
+	0, 'and nothing was written');
+is($bare->safe_psql('postgres',
+		q{SELECT outcome FROM idem_reserve('a', 'unlimited', 'k1', '{}')}),
+	'created', 'scopes without a rate work as before');
+$bare->stop;
+
+done_testing();
