@@ -5,6 +5,8 @@ DO $$
 DECLARE
     t0 timestamptz;
     n int;
+    us_new float8;
+    us_rated float8;
     body jsonb := '{"customer": "cus_42", "amount": 19.99, "currency": "EUR", "items": [{"sku": "A-1", "qty": 2}, {"sku": "B-7", "qty": 1}]}';
 BEGIN
     FOR round IN 1..2 LOOP
@@ -18,6 +20,22 @@ BEGIN
                LATERAL naive_reserve('bench', 'orders', 'r-' || (g % 10000 + 1), body) r
          WHERE r.outcome = 'replay';
         INSERT INTO percall VALUES ('replay_plpgsql', extract(epoch FROM clock_timestamp() - t0) * 1e6 / 50000);
+        -- new keys (rolled back below with the subtransaction): a scope
+        -- without and with a rate of new keys per tenant
+        BEGIN
+            t0 := clock_timestamp();
+            SELECT count(*) INTO n FROM generate_series(1, 20000) g,
+                   LATERAL idem_reserve('bench', 'orders', 'pc-' || round || '-' || g, body) r;
+            us_new := extract(epoch FROM clock_timestamp() - t0) * 1e6 / 20000;
+            t0 := clock_timestamp();
+            SELECT count(*) INTO n FROM generate_series(1, 20000) g,
+                   LATERAL idem_reserve('bench', 'orders_rated', 'pc-' || round || '-' || g, body) r;
+            us_rated := extract(epoch FROM clock_timestamp() - t0) * 1e6 / 20000;
+            RAISE EXCEPTION USING ERRCODE = 'P0004';
+        EXCEPTION WHEN assert_failure THEN
+            NULL;
+        END;
+        INSERT INTO percall VALUES ('new_ext', us_new), ('new_rated', us_rated);
     END LOOP;
 END
 $$;

@@ -101,3 +101,8 @@ BEGIN
     RETURN ROW(201, jsonb_build_object('id', order_id, 'status', 'paid'), NULL)::idempotency.response;
 END
 $$;
+
+-- A scope with a rate of new keys per tenant far above what the bench
+-- reaches: the cost of the check, never a refusal.
+SELECT scope FROM idem_configure_scope('orders_rated',
+    '{"new_keys_per_second": 1000000, "new_keys_burst": 1000000}');
