@@ -285,3 +285,19 @@ CREATE OR REPLACE VIEW idempotency.dead_letters AS
            last_error, leased_by AS last_worker, created_at, payload, headers
       FROM idempotency.outbox
      WHERE status OPERATOR(pg_catalog.=) 'dead';
+
+/* ---- Outbox: lease extension ---- */
+
+CREATE FUNCTION @extschema@.outbox_extend(tenant text, id bigint, lease_token uuid,
+                              lease interval DEFAULT '30 seconds')
+    RETURNS timestamptz
+    AS 'MODULE_PATHNAME', 'outbox_extend'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval) IS
+    'heartbeat: extend the lease of a row still leased under lease_token to now + lease';
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval)
+    TO idempotency_worker;

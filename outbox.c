@@ -84,6 +84,7 @@ PG_FUNCTION_INFO_V1(outbox_claim);
 PG_FUNCTION_INFO_V1(outbox_ack);
 PG_FUNCTION_INFO_V1(outbox_nack);
 PG_FUNCTION_INFO_V1(outbox_requeue);
+PG_FUNCTION_INFO_V1(outbox_extend);
 
 /* ----------------------------------------------------------------
  * Statements
@@ -180,6 +181,18 @@ static const char *outbox_requeue_sql =
 " WHERE tenant_id = $1 AND id = $2 AND status = 'dead'"
 " RETURNING topic";
 
+/*
+ * outbox_extend: a heartbeat.  Fenced like ack: only the current lease
+ * holder moves the end of its lease (and available_at with it, so the
+ * claim path keeps ignoring the row until then).
+ */
+static const char *outbox_extend_sql =
+"UPDATE idempotency.outbox"
+"   SET lease_until = pg_catalog.statement_timestamp() + $4,"
+"       available_at = pg_catalog.statement_timestamp() + $4"
+" WHERE tenant_id = $1 AND id = $2 AND status = 'leased' AND lease_token = $3"
+" RETURNING lease_until";
+
 static const char *outbox_status_sql =
 "SELECT status::text FROM idempotency.outbox WHERE tenant_id = $1 AND id = $2";
 
@@ -191,6 +204,7 @@ static SPIPlanPtr ack_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
 static SPIPlanPtr requeue_plan = NULL;
 static SPIPlanPtr status_plan = NULL;
+static SPIPlanPtr extend_plan = NULL;
 
 #define CLAIM_FILTER_TOPICS 1
 #define CLAIM_FILTER_TENANT 2
@@ -1059,4 +1073,58 @@ outbox_requeue(PG_FUNCTION_ARGS)
 		outbox_notify_at_commit(topic);
 
 	PG_RETURN_VOID();
+}
+
+/*
+ * outbox_extend(tenant text, id bigint, lease_token uuid, lease interval)
+ *		RETURNS timestamptz
+ *
+ * Extends the lease of a row still leased under "lease_token" to now +
+ * "lease" and returns the new lease_until: a heartbeat for deliveries that
+ * outlast their lease.  Fenced like outbox_ack: the lease may have run out
+ * as long as nobody claimed the row since.  Takes the row lock.  Errors,
+ * nothing written: 22004 NULL argument, 22023 lease not positive, P0002
+ * unknown row, 55000 row done or dead, 55006 stale lease token.
+ */
+Datum
+outbox_extend(PG_FUNCTION_ARGS)
+{
+	char	   *tenant;
+	int64		id;
+	Oid			argtypes[4] = {TEXTOID, INT8OID, UUIDOID, INTERVALOID};
+	Datum		values[4];
+	SPIPlanPtr	plan;
+	int			rc;
+	bool		isnull;
+	Datum		until;
+
+	tenant = outbox_tenant_arg(fcinfo, 0);
+	outbox_require_arg(fcinfo, 1, "id");
+	outbox_require_arg(fcinfo, 2, "lease_token");
+	outbox_require_arg(fcinfo, 3, "lease");
+	id = PG_GETARG_INT64(1);
+	if (!interval_is_positive(PG_GETARG_INTERVAL_P(3)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be positive"),
+				 errhint("Pass how much longer the delivery needs from now, for example '30 seconds'.")));
+
+	values[0] = CStringGetTextDatum(tenant);
+	values[1] = Int64GetDatum(id);
+	values[2] = PG_GETARG_DATUM(2);
+	values[3] = PG_GETARG_DATUM(3);
+
+	idem_spi_connect();
+	plan = outbox_plan(&extend_plan, outbox_extend_sql, 4, argtypes);
+	rc = SPI_execute_plan(plan, values, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox extend failed: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 0)
+		outbox_explain_miss(tenant, id, "outbox_extend", false);
+	/* a timestamptz is passed by value: safe after SPI_finish */
+	until = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+						  &isnull);
+	SPI_finish();
+
+	PG_RETURN_DATUM(until);
 }

@@ -81,6 +81,16 @@ CREATE FUNCTION outbox_requeue(tenant text, id bigint)
 COMMENT ON FUNCTION outbox_requeue(text, bigint) IS
     'return a dead letter to the queue (operators only)';
 
+CREATE FUNCTION outbox_extend(tenant text, id bigint, lease_token uuid,
+                              lease interval DEFAULT '30 seconds')
+    RETURNS timestamptz
+    AS 'MODULE_PATHNAME', 'outbox_extend'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox_extend(text, bigint, uuid, interval) IS
+    'heartbeat: extend the lease of a row still leased under lease_token to now + lease';
+
 REVOKE ALL ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int),
     outbox_claim(text, int, interval, text[], text),
     outbox_ack(text, bigint, uuid, text),
@@ -92,6 +102,9 @@ GRANT EXECUTE ON FUNCTION outbox_claim(text, int, interval, text[], text),
     outbox_ack(text, bigint, uuid, text),
     outbox_nack(text, bigint, uuid, text, interval) TO idempotency_worker;
 GRANT EXECUTE ON FUNCTION outbox_requeue(text, bigint) TO idempotency_admin;
+REVOKE ALL ON FUNCTION outbox_extend(text, bigint, uuid, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox_extend(text, bigint, uuid, interval)
+    TO idempotency_worker;
 GRANT SELECT ON idempotency.dead_letters TO idempotency_admin;
 
 /*

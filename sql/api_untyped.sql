@@ -25,6 +25,7 @@ SELECT idem_resolve('ut', 'untyped', 'k4', '200', '{}');
 SELECT id AS id1, lease_token AS t1 FROM outbox_claim('w', '1', '1 minute', '{topic}', 'ut') \gset
 SELECT outbox_nack('ut', :'id1', :'t1', 'failed', '0');
 SELECT id AS id2, lease_token AS t2 FROM outbox_claim('w', '1', '1 minute') \gset
+SELECT outbox_extend('ut', :'id2', :'t2', '1 minute') > now() AS extended;
 SELECT outbox_ack('ut', :'id2', :'t2', 'ref');
 SELECT idem_reap('10') >= 0 AS reaped, idem_sweep('1 hour') >= 0 AS swept,
        idem_reclaim_leases() >= 0 AS reclaimed, idem_purge_outbox('10') >= 0 AS purged;
