@@ -286,7 +286,7 @@ CREATE OR REPLACE VIEW idempotency.dead_letters AS
       FROM idempotency.outbox
      WHERE status OPERATOR(pg_catalog.=) 'dead';
 
-/* ---- Outbox: lease extension ---- */
+/* ---- Outbox: lease extension, batch acknowledgement ---- */
 
 CREATE FUNCTION @extschema@.outbox_extend(tenant text, id bigint, lease_token uuid,
                               lease interval DEFAULT '30 seconds')
@@ -301,3 +301,28 @@ COMMENT ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval) IS
 REVOKE ALL ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval)
     TO idempotency_worker;
+
+CREATE FUNCTION @extschema@.outbox_ack_many(tenant text, ids bigint[], lease_tokens uuid[],
+                                provider_refs text[] DEFAULT NULL)
+    RETURNS SETOF bigint
+    AS 'MODULE_PATHNAME', 'outbox_ack_many'
+    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.outbox_ack_many(text, bigint[], uuid[], text[]) IS
+    'outbox_ack for many rows in one statement; returns the ids acknowledged';
+
+CREATE FUNCTION @extschema@.outbox_nack_many(tenant text, ids bigint[], lease_tokens uuid[],
+                                 error text, retry_in interval DEFAULT NULL)
+    RETURNS TABLE (id bigint, status idempotency.outbox_status)
+    AS 'MODULE_PATHNAME', 'outbox_nack_many'
+    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.outbox_nack_many(text, bigint[], uuid[], text, interval) IS
+    'outbox_nack for many rows in one statement; returns each row reported and its new status';
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_ack_many(text, bigint[], uuid[], text[]),
+    @extschema@.outbox_nack_many(text, bigint[], uuid[], text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_ack_many(text, bigint[], uuid[], text[]),
+    @extschema@.outbox_nack_many(text, bigint[], uuid[], text, interval) TO idempotency_worker;

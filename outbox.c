@@ -52,6 +52,7 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -85,6 +86,8 @@ PG_FUNCTION_INFO_V1(outbox_ack);
 PG_FUNCTION_INFO_V1(outbox_nack);
 PG_FUNCTION_INFO_V1(outbox_requeue);
 PG_FUNCTION_INFO_V1(outbox_extend);
+PG_FUNCTION_INFO_V1(outbox_ack_many);
+PG_FUNCTION_INFO_V1(outbox_nack_many);
 
 /* ----------------------------------------------------------------
  * Statements
@@ -193,6 +196,43 @@ static const char *outbox_extend_sql =
 " WHERE tenant_id = $1 AND id = $2 AND status = 'leased' AND lease_token = $3"
 " RETURNING lease_until";
 
+/*
+ * outbox_ack_many and outbox_nack_many: one statement per batch.  The
+ * arrays are zipped by ROWS FROM (a row per index, NULL where provider_refs
+ * is shorter, i.e. NULL) and joined to the table by primary key; each row
+ * is fenced by its own token exactly as in outbox_ack and outbox_nack, and
+ * rows that fail the fence are left out of the result, not raised.
+ */
+static const char *outbox_ack_many_sql =
+"UPDATE idempotency.outbox o"
+"   SET status = 'done', done_at = pg_catalog.statement_timestamp(),"
+"       provider_ref = r.ref, lease_until = NULL"
+"  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
+"                  pg_catalog.unnest($4)) AS r(id, token, ref)"
+" WHERE o.tenant_id = $1 AND o.id = r.id"
+"   AND o.status = 'leased' AND o.lease_token = r.token"
+" RETURNING o.id";
+
+static const char *outbox_nack_many_sql =
+"UPDATE idempotency.outbox o"
+"   SET attempts = o.attempts + 1,"
+"       status = CASE WHEN o.attempts + 1 >= o.max_attempts"
+"                THEN 'dead'::idempotency.outbox_status"
+"                ELSE 'pending'::idempotency.outbox_status END,"
+"       available_at = pg_catalog.statement_timestamp()"
+"           + COALESCE($5, pg_catalog.make_interval(secs =>"
+"                 LEAST(" CppAsString2(OUTBOX_BACKOFF_CAP_SECS) "::float8,"
+"                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::float8"
+"                       * pg_catalog.power(2.0::float8,"
+"                                          LEAST(o.attempts, 30)::float8))"
+"                 * r.jitter)),"
+"       last_error = $4, lease_token = NULL, lease_until = NULL"
+"  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
+"                  pg_catalog.unnest($6)) AS r(id, token, jitter)"
+" WHERE o.tenant_id = $1 AND o.id = r.id"
+"   AND o.status = 'leased' AND o.lease_token = r.token"
+" RETURNING o.id, o.status";
+
 static const char *outbox_status_sql =
 "SELECT status::text FROM idempotency.outbox WHERE tenant_id = $1 AND id = $2";
 
@@ -205,6 +245,8 @@ static SPIPlanPtr nack_plan = NULL;
 static SPIPlanPtr requeue_plan = NULL;
 static SPIPlanPtr status_plan = NULL;
 static SPIPlanPtr extend_plan = NULL;
+static SPIPlanPtr ack_many_plan = NULL;
+static SPIPlanPtr nack_many_plan = NULL;
 
 #define CLAIM_FILTER_TOPICS 1
 #define CLAIM_FILTER_TENANT 2
@@ -1127,4 +1169,199 @@ outbox_extend(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	PG_RETURN_DATUM(until);
+}
+
+/*
+ * The ids and lease_tokens arguments of outbox_ack_many and outbox_nack_many
+ * (arguments 1 and 2): not NULL, one dimension (or empty), the same number
+ * of elements, no NULL element.  Returns the number of elements, and
+ * sets values[1] and values[2] to the (detoasted) arrays.
+ */
+static int
+outbox_batch_args(FunctionCallInfo fcinfo, Datum *values)
+{
+	ArrayType  *ids;
+	ArrayType  *tokens;
+	int			nids;
+	int			ntokens;
+
+	outbox_require_arg(fcinfo, 1, "ids");
+	outbox_require_arg(fcinfo, 2, "lease_tokens");
+	ids = PG_GETARG_ARRAYTYPE_P(1);
+	tokens = PG_GETARG_ARRAYTYPE_P(2);
+	if (ARR_NDIM(ids) > 1 || ARR_NDIM(tokens) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ids and lease_tokens must be one-dimensional arrays"),
+				 errhint("Pass the id and the lease_token of each row, in the same order.")));
+	nids = ArrayGetNItems(ARR_NDIM(ids), ARR_DIMS(ids));
+	ntokens = ArrayGetNItems(ARR_NDIM(tokens), ARR_DIMS(tokens));
+	if (nids != ntokens)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ids and lease_tokens must have the same number of elements"),
+				 errdetail("ids has %d elements, lease_tokens %d.", nids, ntokens),
+				 errhint("Pass the id and the lease_token of each row, in the same order.")));
+	if (array_contains_nulls(ids) || array_contains_nulls(tokens))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("ids and lease_tokens must not contain NULL elements"),
+				 errhint("Pass the id and the lease_token of each row, in the same order.")));
+	values[1] = PointerGetDatum(ids);
+	values[2] = PointerGetDatum(tokens);
+	return nids;
+}
+
+/*
+ * Return the rows of SPI_tuptable as the result set of a set-returning
+ * function in materialize mode.  Called with SPI connected.
+ */
+static Datum
+outbox_return_spi_rows(FunctionCallInfo fcinfo)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	MemoryContext oldcontext;
+	Tuplestorestate *tupstore;
+	TupleDesc	tupdesc;
+	uint64		i;
+
+	oldcontext = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+	tupdesc = CreateTupleDescCopy(SPI_tuptable->tupdesc);
+	tupstore = tuplestore_begin_heap(true, false, work_mem);
+	for (i = 0; i < SPI_processed; i++)
+		tuplestore_puttuple(tupstore, SPI_tuptable->vals[i]);
+	MemoryContextSwitchTo(oldcontext);
+
+	rsinfo->returnMode = SFRM_Materialize;
+	rsinfo->setResult = tupstore;
+	rsinfo->setDesc = tupdesc;
+	return (Datum) 0;
+}
+
+/* Raise 0A000 unless the caller accepts a set in materialize mode. */
+static void
+outbox_require_set_context(FunctionCallInfo fcinfo, const char *name)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+		(rsinfo->allowedModes & SFRM_Materialize) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("%s must be called in a context that accepts a set", name),
+				 errhint("Call it in FROM: SELECT * FROM %s(...).", name)));
+}
+
+/*
+ * outbox_ack_many(tenant text, ids bigint[], lease_tokens uuid[],
+ *				   provider_refs text[]) RETURNS SETOF bigint
+ *
+ * outbox_ack for many rows of one tenant in one statement: ids[i] is
+ * acknowledged with lease_tokens[i] and provider_refs[i] (NULL array: no
+ * provider_ref).  Returns the ids acknowledged, in no particular order; a
+ * row whose fence fails (stale token, done, dead, unknown, another
+ * tenant's) is left unchanged and out of the result.  Errors, nothing
+ * written: 22004 NULL tenant, ids or lease_tokens or a NULL element, 22023
+ * arrays of different lengths.
+ */
+Datum
+outbox_ack_many(PG_FUNCTION_ARGS)
+{
+	char	   *tenant;
+	int			n;
+	Oid			argtypes[4] = {TEXTOID, INT8ARRAYOID, UUIDARRAYOID, TEXTARRAYOID};
+	Datum		values[4];
+	char		nulls[4] = {' ', ' ', ' ', 'n'};
+	SPIPlanPtr	plan;
+	int			rc;
+
+	outbox_require_set_context(fcinfo, "outbox_ack_many");
+	tenant = outbox_tenant_arg(fcinfo, 0);
+	n = outbox_batch_args(fcinfo, values);
+	if (!PG_ARGISNULL(3))
+	{
+		ArrayType  *refs = PG_GETARG_ARRAYTYPE_P(3);
+
+		if (ARR_NDIM(refs) > 1 ||
+			ArrayGetNItems(ARR_NDIM(refs), ARR_DIMS(refs)) != n)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("provider_refs must have one element per id"),
+					 errdetail("ids has %d elements, provider_refs %d.", n,
+							   ArrayGetNItems(ARR_NDIM(refs), ARR_DIMS(refs))),
+					 errhint("Pass NULL for no provider_ref, or one element (possibly NULL) per id.")));
+		values[3] = PointerGetDatum(refs);
+		nulls[3] = ' ';
+	}
+
+	values[0] = CStringGetTextDatum(tenant);
+
+	idem_spi_connect();
+	plan = outbox_plan(&ack_many_plan, outbox_ack_many_sql, 4, argtypes);
+	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox ack failed: %s", SPI_result_code_string(rc));
+	outbox_return_spi_rows(fcinfo);
+	SPI_finish();
+
+	return (Datum) 0;
+}
+
+/*
+ * outbox_nack_many(tenant text, ids bigint[], lease_tokens uuid[],
+ *					error text, retry_in interval)
+ *		RETURNS TABLE (id bigint, status idempotency.outbox_status)
+ *
+ * outbox_nack for many rows of one tenant in one statement, each with its
+ * own jitter when retry_in is NULL.  Returns each row reported and its new
+ * status (pending or dead), in no particular order; rows whose fence fails
+ * are left out, as in outbox_ack_many.  Errors, nothing written: as
+ * outbox_ack_many, plus 22023 for a negative retry_in.
+ */
+Datum
+outbox_nack_many(PG_FUNCTION_ARGS)
+{
+	char	   *tenant;
+	int			n;
+	int			i;
+	Oid			argtypes[6] = {TEXTOID, INT8ARRAYOID, UUIDARRAYOID, TEXTOID,
+	INTERVALOID, FLOAT8ARRAYOID};
+	Datum		values[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	Datum	   *jitters;
+	SPIPlanPtr	plan;
+	int			rc;
+
+	outbox_require_set_context(fcinfo, "outbox_nack_many");
+	tenant = outbox_tenant_arg(fcinfo, 0);
+	n = outbox_batch_args(fcinfo, values);
+	if (!PG_ARGISNULL(4) && interval_is_negative(PG_GETARG_INTERVAL_P(4)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("retry_in must not be negative"),
+				 errhint("Pass '0' to retry at once, or NULL for exponential backoff.")));
+
+	/* one jitter per row, uniform in [0.5, 1.0), as outbox_nack's */
+	jitters = palloc(sizeof(Datum) * Max(n, 1));
+	for (i = 0; i < n; i++)
+		jitters[i] = Float8GetDatum(0.5 + 0.5 * pg_prng_double(&pg_global_prng_state));
+
+	values[0] = CStringGetTextDatum(tenant);
+	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
+	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
+	values[4] = PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4);
+	nulls[4] = PG_ARGISNULL(4) ? 'n' : ' ';
+	values[5] = PointerGetDatum(construct_array(jitters, n, FLOAT8OID,
+												sizeof(float8), FLOAT8PASSBYVAL,
+												TYPALIGN_DOUBLE));
+
+	idem_spi_connect();
+	plan = outbox_plan(&nack_many_plan, outbox_nack_many_sql, 6, argtypes);
+	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox nack failed: %s", SPI_result_code_string(rc));
+	outbox_return_spi_rows(fcinfo);
+	SPI_finish();
+
+	return (Datum) 0;
 }

@@ -105,6 +105,31 @@ GRANT EXECUTE ON FUNCTION outbox_requeue(text, bigint) TO idempotency_admin;
 REVOKE ALL ON FUNCTION outbox_extend(text, bigint, uuid, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox_extend(text, bigint, uuid, interval)
     TO idempotency_worker;
+
+CREATE FUNCTION outbox_ack_many(tenant text, ids bigint[], lease_tokens uuid[],
+                                provider_refs text[] DEFAULT NULL)
+    RETURNS SETOF bigint
+    AS 'MODULE_PATHNAME', 'outbox_ack_many'
+    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox_ack_many(text, bigint[], uuid[], text[]) IS
+    'outbox_ack for many rows in one statement; returns the ids acknowledged';
+
+CREATE FUNCTION outbox_nack_many(tenant text, ids bigint[], lease_tokens uuid[],
+                                 error text, retry_in interval DEFAULT NULL)
+    RETURNS TABLE (id bigint, status idempotency.outbox_status)
+    AS 'MODULE_PATHNAME', 'outbox_nack_many'
+    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox_nack_many(text, bigint[], uuid[], text, interval) IS
+    'outbox_nack for many rows in one statement; returns each row reported and its new status';
+
+REVOKE ALL ON FUNCTION outbox_ack_many(text, bigint[], uuid[], text[]),
+    outbox_nack_many(text, bigint[], uuid[], text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox_ack_many(text, bigint[], uuid[], text[]),
+    outbox_nack_many(text, bigint[], uuid[], text, interval) TO idempotency_worker;
 GRANT SELECT ON idempotency.dead_letters TO idempotency_admin;
 
 /*

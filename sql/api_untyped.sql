@@ -27,6 +27,8 @@ SELECT outbox_nack('ut', :'id1', :'t1', 'failed', '0');
 SELECT id AS id2, lease_token AS t2 FROM outbox_claim('w', '1', '1 minute') \gset
 SELECT outbox_extend('ut', :'id2', :'t2', '1 minute') > now() AS extended;
 SELECT outbox_ack('ut', :'id2', :'t2', 'ref');
+SELECT count(*) FROM outbox_ack_many('ut', '{1,2}', '{00000000-0000-0000-0000-000000000000,00000000-0000-0000-0000-000000000001}', '{a,b}');
+SELECT count(*) FROM outbox_nack_many('ut', '{1}', '{00000000-0000-0000-0000-000000000000}', 'failed', '1 minute');
 SELECT idem_reap('10') >= 0 AS reaped, idem_sweep('1 hour') >= 0 AS swept,
        idem_reclaim_leases() >= 0 AS reclaimed, idem_purge_outbox('10') >= 0 AS purged;
 CREATE ROLE untyped_role;
