@@ -286,7 +286,7 @@ CREATE OR REPLACE VIEW idempotency.dead_letters AS
       FROM idempotency.outbox
      WHERE status OPERATOR(pg_catalog.=) 'dead';
 
-/* ---- Outbox: lease extension, batch acknowledgement ---- */
+/* ---- Outbox: lease extension, batch acknowledgement, deduplicated enqueue ---- */
 
 CREATE FUNCTION @extschema@.outbox_extend(tenant text, id bigint, lease_token uuid,
                               lease interval DEFAULT '30 seconds')
@@ -326,3 +326,35 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_ack_many(text, bigint[], uuid[], text[
     @extschema@.outbox_nack_many(text, bigint[], uuid[], text, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.outbox_ack_many(text, bigint[], uuid[], text[]),
     @extschema@.outbox_nack_many(text, bigint[], uuid[], text, interval) TO idempotency_worker;
+
+/*
+ * outbox_enqueue takes a dedup_key: new columns go at the end of the table,
+ * in the order of a fresh install, and the function is replaced (one
+ * signature, so an untyped call matches exactly one).
+ */
+ALTER TABLE idempotency.outbox ADD COLUMN dedup_key text;
+
+CREATE UNIQUE INDEX outbox_dedup_idx ON idempotency.outbox (tenant_id, topic, dedup_key)
+    WHERE dedup_key IS NOT NULL;
+
+DROP FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int);
+
+CREATE FUNCTION @extschema@.outbox_enqueue(tenant text, topic text, payload jsonb,
+                               key text DEFAULT NULL,
+                               scope text DEFAULT NULL,
+                               headers jsonb DEFAULT NULL,
+                               deliver_after interval DEFAULT '0',
+                               max_attempts int DEFAULT NULL,
+                               dedup_key text DEFAULT NULL)
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'outbox_enqueue'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text) IS
+    'queue a side effect in the current transaction; NOTIFY idempotency_outbox on commit';
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text)
+    TO idempotency_app;

@@ -97,9 +97,50 @@ PG_FUNCTION_INFO_V1(outbox_nack_many);
 static const char *outbox_enqueue_sql =
 "INSERT INTO idempotency.outbox"
 "  (tenant_id, topic, payload, headers, idem_scope, idem_key,"
+"   max_attempts, available_at, dedup_key)"
+" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8, $9)"
+" RETURNING id";
+
+/*
+ * The insert of the 1.0 SQL function (8 arguments), for a database whose
+ * extension is not updated yet: its table lacks the 1.1 columns.
+ */
+static const char *outbox_enqueue_v10_sql =
+"INSERT INTO idempotency.outbox"
+"  (tenant_id, topic, payload, headers, idem_scope, idem_key,"
 "   max_attempts, available_at)"
 " VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8)"
 " RETURNING id";
+
+/*
+ * Deduplicated enqueue: the same insert, which outbox_dedup_idx turns into
+ * nothing when (tenant, topic, dedup_key) has a row already.  A conflicting
+ * row that is not yet committed is waited for: if its transaction commits,
+ * this insert does nothing and the lookup below finds it; if it rolls back,
+ * this insert goes ahead.  Enqueues without a dedup_key keep the plain
+ * insert above, which skips the speculative insertion.
+ */
+static const char *outbox_enqueue_dedup_sql =
+"INSERT INTO idempotency.outbox"
+"  (tenant_id, topic, payload, headers, idem_scope, idem_key,"
+"   max_attempts, available_at, dedup_key)"
+" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8, $9)"
+" ON CONFLICT (tenant_id, topic, dedup_key) WHERE dedup_key IS NOT NULL"
+" DO NOTHING"
+" RETURNING id";
+
+static const char *outbox_dedup_lookup_sql =
+"SELECT id FROM idempotency.outbox"
+" WHERE tenant_id = $1 AND topic = $2 AND dedup_key = $3";
+
+/* Longest dedup_key, in bytes. */
+#define OUTBOX_MAX_DEDUP_KEY_LEN 255
+
+/*
+ * How often a deduplicated enqueue retries when the row it conflicted with
+ * was deleted before it could be looked up (purged or removed by hand).
+ */
+#define OUTBOX_DEDUP_RETRIES 3
 
 /*
  * outbox_claim runs two statements.  The first locks the candidates, oldest
@@ -238,6 +279,9 @@ static const char *outbox_status_sql =
 
 /* Saved plans, prepared on first use in this backend. */
 static SPIPlanPtr enqueue_plan = NULL;
+static SPIPlanPtr enqueue_v10_plan = NULL;
+static SPIPlanPtr enqueue_dedup_plan = NULL;
+static SPIPlanPtr dedup_lookup_plan = NULL;
 static SPIPlanPtr lock_plans[4] = {NULL, NULL, NULL, NULL};
 static SPIPlanPtr lease_plan = NULL;
 static SPIPlanPtr ack_plan = NULL;
@@ -611,13 +655,15 @@ outbox_notify_at_commit(const char *topic)
 /*
  * outbox_enqueue(tenant text, topic text, payload jsonb, key text,
  *				  scope text, headers jsonb, deliver_after interval,
- *				  max_attempts int) RETURNS bigint
+ *				  max_attempts int, dedup_key text) RETURNS bigint
  *
  * Inserts one pending row in the caller's transaction and arranges a
  * NOTIFY on idempotency_outbox with the topic as payload at commit; both
  * vanish if the transaction rolls back.  Takes no lock beyond the inserted
  * row.  NULL deliver_after means now; NULL max_attempts means
- * idempotency.outbox_max_attempts.
+ * idempotency.outbox_max_attempts.  With a dedup_key, while a row of the
+ * same tenant, topic and dedup_key exists, returns that row's id and
+ * inserts and notifies nothing (see outbox_enqueue_dedup_sql).
  */
 Datum
 outbox_enqueue(PG_FUNCTION_ARGS)
@@ -632,15 +678,18 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	int32		max_attempts = idem_outbox_max_attempts;
 	Size		size;
 	char	   *topic_str;
-	Oid			argtypes[8] = {TEXTOID, TEXTOID, JSONBOID, JSONBOID,
-	TEXTOID, TEXTOID, INT4OID, INTERVALOID};
-	Datum		values[8];
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	char	   *dedup_key = NULL;
+	Oid			argtypes[9] = {TEXTOID, TEXTOID, JSONBOID, JSONBOID,
+	TEXTOID, TEXTOID, INT4OID, INTERVALOID, TEXTOID};
+	Datum		values[9];
+	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', 'n'};
 	Interval	zero;
 	SPIPlanPtr	plan;
 	int			rc;
 	bool		isnull;
-	int64		id;
+	int64		id = 0;
+	bool		inserted = false;
+	int			attempt;
 
 	tenant = outbox_tenant_arg(fcinfo, 0);
 	outbox_require_arg(fcinfo, 1, "topic");
@@ -697,6 +746,20 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 					 errhint("Pass at least 1, or NULL for idempotency.outbox_max_attempts.")));
 	}
 
+	/* 1.1: dedup_key (the 1.0 SQL function has 8 arguments) */
+	if (PG_NARGS() > 8 && !PG_ARGISNULL(8))
+	{
+		dedup_key = text_to_cstring(PG_GETARG_TEXT_PP(8));
+		if (dedup_key[0] == '\0' || strlen(dedup_key) > OUTBOX_MAX_DEDUP_KEY_LEN)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("dedup_key must be 1 to %d bytes long",
+							OUTBOX_MAX_DEDUP_KEY_LEN),
+					 errdetail("The dedup_key given is %zu bytes long.",
+							   strlen(dedup_key)),
+					 errhint("Pass what identifies the message for its topic, such as the order id, or NULL for no deduplication.")));
+	}
+
 	/* binary (jsonb) sizes: what the row will hold */
 	size = VARSIZE(payload) + (headers ? VARSIZE(headers) : 0);
 	if (size > (Size) idem_max_payload_size)
@@ -719,18 +782,81 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	nulls[5] = key ? ' ' : 'n';
 	values[6] = Int32GetDatum(max_attempts);
 	values[7] = IntervalPGetDatum(deliver_after ? deliver_after : &zero);
+	values[8] = dedup_key ? CStringGetTextDatum(dedup_key) : (Datum) 0;
+	nulls[8] = dedup_key ? ' ' : 'n';
 
 	idem_spi_connect();
-	plan = outbox_plan(&enqueue_plan, outbox_enqueue_sql, 8, argtypes);
-	rc = SPI_execute_plan(plan, values, nulls, false, 1);
-	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
-		elog(ERROR, "outbox insert failed: %s", SPI_result_code_string(rc));
-	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									 SPI_tuptable->tupdesc, 1, &isnull));
+	if (dedup_key == NULL)
+	{
+		if (PG_NARGS() > 8)
+			plan = outbox_plan(&enqueue_plan, outbox_enqueue_sql, 9, argtypes);
+		else
+			plan = outbox_plan(&enqueue_v10_plan, outbox_enqueue_v10_sql, 8,
+							   argtypes);
+		rc = SPI_execute_plan(plan, values, nulls, false, 1);
+		if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
+			elog(ERROR, "outbox insert failed: %s", SPI_result_code_string(rc));
+		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										 SPI_tuptable->tupdesc, 1, &isnull));
+		inserted = true;
+	}
+	else
+	{
+		for (attempt = 0;; attempt++)
+		{
+			Oid			lookup_argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
+			Datum		lookup_values[3];
+
+			plan = outbox_plan(&enqueue_dedup_plan, outbox_enqueue_dedup_sql,
+							   9, argtypes);
+			rc = SPI_execute_plan(plan, values, nulls, false, 1);
+			if (rc != SPI_OK_INSERT_RETURNING)
+				elog(ERROR, "outbox insert failed: %s",
+					 SPI_result_code_string(rc));
+			if (SPI_processed == 1)
+			{
+				id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+												 SPI_tuptable->tupdesc, 1,
+												 &isnull));
+				inserted = true;
+				break;
+			}
+
+			/* a row with this dedup_key exists: answer its id */
+			lookup_values[0] = values[0];
+			lookup_values[1] = values[1];
+			lookup_values[2] = values[8];
+			plan = outbox_plan(&dedup_lookup_plan, outbox_dedup_lookup_sql,
+							   3, lookup_argtypes);
+			rc = SPI_execute_plan(plan, lookup_values, NULL, false, 1);
+			if (rc != SPI_OK_SELECT)
+				elog(ERROR, "outbox dedup lookup failed: %s",
+					 SPI_result_code_string(rc));
+			if (SPI_processed == 1)
+			{
+				id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+												 SPI_tuptable->tupdesc, 1,
+												 &isnull));
+				break;
+			}
+			/* it was deleted in between: try the insert again */
+			if (attempt >= OUTBOX_DEDUP_RETRIES)
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not enqueue or find the outbox row of dedup_key \"%s\"",
+								dedup_key),
+						 errdetail("A row with this dedup_key kept being deleted while it was looked up."),
+						 errhint("Retry the transaction.")));
+		}
+	}
 	SPI_finish();
 
-	/* transactional: delivered to listeners only when the caller commits */
-	if (idem_outbox_notify)
+	/*
+	 * A deduplicated enqueue that found its row wrote nothing, and notifies
+	 * nothing: the first enqueue did.  Transactional: delivered to listeners
+	 * only when the caller commits.
+	 */
+	if (inserted && idem_outbox_notify)
 		outbox_notify_at_commit(topic_str);
 
 	PG_RETURN_INT64(id);

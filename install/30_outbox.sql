@@ -10,6 +10,13 @@
 CREATE INDEX outbox_claim_idx ON idempotency.outbox (available_at)
     WHERE status IN ('pending', 'leased');
 
+/*
+ * Deduplicated enqueue: one row per tenant, topic and dedup_key, for as
+ * long as the row exists.  outbox.c's ON CONFLICT names this predicate.
+ */
+CREATE UNIQUE INDEX outbox_dedup_idx ON idempotency.outbox (tenant_id, topic, dedup_key)
+    WHERE dedup_key IS NOT NULL;
+
 /* Dead letters are few; this keeps listing and counting them cheap. */
 CREATE INDEX outbox_dead_idx ON idempotency.outbox (tenant_id, id)
     WHERE status = 'dead';
@@ -31,13 +38,14 @@ CREATE FUNCTION outbox_enqueue(tenant text, topic text, payload jsonb,
                                scope text DEFAULT NULL,
                                headers jsonb DEFAULT NULL,
                                deliver_after interval DEFAULT '0',
-                               max_attempts int DEFAULT NULL)
+                               max_attempts int DEFAULT NULL,
+                               dedup_key text DEFAULT NULL)
     RETURNS bigint
     AS 'MODULE_PATHNAME', 'outbox_enqueue'
     LANGUAGE C VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp;
 
-COMMENT ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int) IS
+COMMENT ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text) IS
     'queue a side effect in the current transaction; NOTIFY idempotency_outbox on commit';
 
 CREATE FUNCTION outbox_claim(worker text, batch int DEFAULT 10,
@@ -91,12 +99,12 @@ CREATE FUNCTION outbox_extend(tenant text, id bigint, lease_token uuid,
 COMMENT ON FUNCTION outbox_extend(text, bigint, uuid, interval) IS
     'heartbeat: extend the lease of a row still leased under lease_token to now + lease';
 
-REVOKE ALL ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int),
+REVOKE ALL ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text),
     outbox_claim(text, int, interval, text[], text),
     outbox_ack(text, bigint, uuid, text),
     outbox_nack(text, bigint, uuid, text, interval),
     outbox_requeue(text, bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int)
+GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text)
     TO idempotency_app;
 GRANT EXECUTE ON FUNCTION outbox_claim(text, int, interval, text[], text),
     outbox_ack(text, bigint, uuid, text),
