@@ -52,13 +52,25 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "replication/message.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
 #include "idempotency.h"
+
+/*
+ * idempotency.outbox_emit_messages: outbox_enqueue also writes each row it
+ * inserts to the WAL as a transactional logical decoding message with this
+ * prefix (see outbox_emit_message).
+ */
+bool		idem_outbox_emit_messages = false;
+
+#define OUTBOX_MESSAGE_PREFIX "idempotency.outbox"
 
 /* Channel outbox_enqueue and outbox_requeue notify on commit. */
 #define OUTBOX_CHANNEL "idempotency_outbox"
@@ -648,6 +660,70 @@ outbox_notify_at_commit(const char *topic)
 }
 
 /* ----------------------------------------------------------------
+ * WAL relay
+ * ----------------------------------------------------------------
+ *
+ * With idempotency.outbox_emit_messages on, every row outbox_enqueue
+ * inserts is also written as a transactional logical decoding message
+ * (what pg_logical_emit_message(true, prefix, content) writes), prefix
+ * "idempotency.outbox", content a JSON object:
+ *
+ *	{"tenant": ..., "topic": ..., "id": ..., "idem_scope": ...,
+ *	 "idem_key": ..., "payload": {...}, "headers": {...} or null}
+ *
+ * A logical decoding plugin (pgoutput with messages 'true', test_decoding,
+ * wal2json) hands it to a relay with the transaction's other changes, at
+ * its commit and in commit order; a transaction or subtransaction that
+ * rolls back emits nothing.  A deduplicated enqueue that inserted nothing
+ * emits nothing.
+ */
+
+/* Append "str" to "buf" as a JSON string, or null. */
+static void
+outbox_json_string(StringInfo buf, const char *str)
+{
+	if (str == NULL)
+		appendStringInfoString(buf, "null");
+	else
+		escape_json(buf, str);
+}
+
+static void
+outbox_emit_message(const char *tenant, const char *topic, int64 id,
+					const char *scope, const char *key, Jsonb *payload,
+					Jsonb *headers)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	appendStringInfoString(&buf, "{\"tenant\": ");
+	outbox_json_string(&buf, tenant);
+	appendStringInfoString(&buf, ", \"topic\": ");
+	outbox_json_string(&buf, topic);
+	appendStringInfo(&buf, ", \"id\": " INT64_FORMAT, id);
+	appendStringInfoString(&buf, ", \"idem_scope\": ");
+	outbox_json_string(&buf, scope);
+	appendStringInfoString(&buf, ", \"idem_key\": ");
+	outbox_json_string(&buf, key);
+	appendStringInfoString(&buf, ", \"payload\": ");
+	(void) JsonbToCString(&buf, &payload->root, VARSIZE(payload));
+	appendStringInfoString(&buf, ", \"headers\": ");
+	if (headers)
+		(void) JsonbToCString(&buf, &headers->root, VARSIZE(headers));
+	else
+		appendStringInfoString(&buf, "null");
+	appendStringInfoChar(&buf, '}');
+
+#if PG_VERSION_NUM >= 170000
+	(void) LogLogicalMessage(OUTBOX_MESSAGE_PREFIX, buf.data, buf.len, true,
+							 false);
+#else
+	(void) LogLogicalMessage(OUTBOX_MESSAGE_PREFIX, buf.data, buf.len, true);
+#endif
+	pfree(buf.data);
+}
+
+/* ----------------------------------------------------------------
  * User-facing functions
  * ----------------------------------------------------------------
  */
@@ -858,6 +934,9 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	 */
 	if (inserted && idem_outbox_notify)
 		outbox_notify_at_commit(topic_str);
+	if (inserted && idem_outbox_emit_messages)
+		outbox_emit_message(tenant, topic_str, id, scope, key, payload,
+							headers);
 
 	PG_RETURN_INT64(id);
 }
