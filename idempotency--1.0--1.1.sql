@@ -286,7 +286,8 @@ CREATE OR REPLACE VIEW idempotency.dead_letters AS
       FROM idempotency.outbox
      WHERE status OPERATOR(pg_catalog.=) 'dead';
 
-/* ---- Outbox: lease extension, batch acknowledgement, deduplicated enqueue ---- */
+/* ---- Outbox: lease extension, batch acknowledgement, deduplicated enqueue,
+ * ordered delivery ---- */
 
 CREATE FUNCTION @extschema@.outbox_extend(tenant text, id bigint, lease_token uuid,
                               lease interval DEFAULT '30 seconds')
@@ -328,14 +329,23 @@ GRANT EXECUTE ON FUNCTION @extschema@.outbox_ack_many(text, bigint[], uuid[], te
     @extschema@.outbox_nack_many(text, bigint[], uuid[], text, interval) TO idempotency_worker;
 
 /*
- * outbox_enqueue takes a dedup_key: new columns go at the end of the table,
- * in the order of a fresh install, and the function is replaced (one
- * signature, so an untyped call matches exactly one).
+ * outbox_enqueue takes a dedup_key and an ordering_key: new columns go at
+ * the end of the table, in the order of a fresh install, and the function
+ * is replaced (one signature, so an untyped call matches exactly one).
  */
 ALTER TABLE idempotency.outbox ADD COLUMN dedup_key text;
+ALTER TABLE idempotency.outbox ADD COLUMN ordering_key text;
 
 CREATE UNIQUE INDEX outbox_dedup_idx ON idempotency.outbox (tenant_id, topic, dedup_key)
     WHERE dedup_key IS NOT NULL;
+
+/*
+ * Ordered delivery: the rows of a tenant and ordering key not yet
+ * finished, by id.  The claim asks it whether a row has an unfinished
+ * predecessor; outbox.c repeats this status list verbatim.
+ */
+CREATE INDEX outbox_ordering_idx ON idempotency.outbox (tenant_id, ordering_key, id)
+    WHERE status IN ('pending', 'leased', 'dead') AND ordering_key IS NOT NULL;
 
 DROP FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int);
 
@@ -345,16 +355,17 @@ CREATE FUNCTION @extschema@.outbox_enqueue(tenant text, topic text, payload json
                                headers jsonb DEFAULT NULL,
                                deliver_after interval DEFAULT '0',
                                max_attempts int DEFAULT NULL,
-                               dedup_key text DEFAULT NULL)
+                               dedup_key text DEFAULT NULL,
+                               ordering_key text DEFAULT NULL)
     RETURNS bigint
     AS 'MODULE_PATHNAME', 'outbox_enqueue'
     LANGUAGE C VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp;
 
-COMMENT ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text) IS
+COMMENT ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text) IS
     'queue a side effect in the current transaction; NOTIFY idempotency_outbox on commit';
 
-REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text)
+REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text)
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text)
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text)
     TO idempotency_app;

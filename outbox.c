@@ -45,8 +45,10 @@
 
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
+#include "common/hashfn.h"
 #include "common/pg_prng.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -57,6 +59,7 @@
 #include "utils/builtins.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
@@ -109,8 +112,8 @@ PG_FUNCTION_INFO_V1(outbox_nack_many);
 static const char *outbox_enqueue_sql =
 "INSERT INTO idempotency.outbox"
 "  (tenant_id, topic, payload, headers, idem_scope, idem_key,"
-"   max_attempts, available_at, dedup_key)"
-" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8, $9)"
+"   max_attempts, available_at, dedup_key, ordering_key)"
+" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8, $9, $10)"
 " RETURNING id";
 
 /*
@@ -135,8 +138,8 @@ static const char *outbox_enqueue_v10_sql =
 static const char *outbox_enqueue_dedup_sql =
 "INSERT INTO idempotency.outbox"
 "  (tenant_id, topic, payload, headers, idem_scope, idem_key,"
-"   max_attempts, available_at, dedup_key)"
-" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8, $9)"
+"   max_attempts, available_at, dedup_key, ordering_key)"
+" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8, $9, $10)"
 " ON CONFLICT (tenant_id, topic, dedup_key) WHERE dedup_key IS NOT NULL"
 " DO NOTHING"
 " RETURNING id";
@@ -145,7 +148,33 @@ static const char *outbox_dedup_lookup_sql =
 "SELECT id FROM idempotency.outbox"
 " WHERE tenant_id = $1 AND topic = $2 AND dedup_key = $3";
 
-/* Longest dedup_key, in bytes. */
+/*
+ * Ordered delivery.  Rows of one tenant with the same ordering_key are
+ * delivered one at a time, in id order: a row is a claim candidate only
+ * when no row of its tenant and ordering key with a smaller id is pending,
+ * leased or dead (outbox_ordering_idx answers that).  So the head of a key
+ * is its oldest unfinished row, and everything behind it waits: while it
+ * is leased, while it waits for a retry after a nack, and while it is dead,
+ * until it is requeued and delivered, or deleted.
+ *
+ * Id order is commit order within a key: outbox_enqueue takes a
+ * transaction-level advisory lock on (tenant, ordering_key) before it
+ * inserts, so a second transaction enqueueing for the same key waits until
+ * the first commits or rolls back, and its row (and id) comes after.
+ * Without it, a later id could commit first and be delivered before an
+ * earlier one became visible.  The lock's first key is
+ * OUTBOX_ORDER_LOCK_CLASS, its second a hash of tenant and key: another key
+ * with the same hash only shares the wait.
+ */
+#define OUTBOX_ORDER_LOCK_CLASS 0x1dE0
+
+static const char *outbox_ordered_filter =
+"   AND (c.ordering_key IS NULL OR NOT EXISTS ("
+"        SELECT FROM idempotency.outbox p"
+"         WHERE p.tenant_id = c.tenant_id AND p.ordering_key = c.ordering_key"
+"           AND p.id < c.id AND p.status IN ('pending', 'leased', 'dead')))";
+
+/* Longest dedup_key or ordering_key, in bytes. */
 #define OUTBOX_MAX_DEDUP_KEY_LEN 255
 
 /*
@@ -182,7 +211,7 @@ static const char *outbox_lock_sql_format =
 "  FROM idempotency.outbox c"
 " WHERE c.status IN ('pending', 'leased')"
 "   AND c.available_at <= pg_catalog.statement_timestamp()"
-"   %s%s"
+"   %s%s%s"
 " ORDER BY c.available_at"
 " LIMIT $1"
 "   FOR UPDATE SKIP LOCKED";
@@ -294,7 +323,7 @@ static SPIPlanPtr enqueue_plan = NULL;
 static SPIPlanPtr enqueue_v10_plan = NULL;
 static SPIPlanPtr enqueue_dedup_plan = NULL;
 static SPIPlanPtr dedup_lookup_plan = NULL;
-static SPIPlanPtr lock_plans[4] = {NULL, NULL, NULL, NULL};
+static SPIPlanPtr lock_plans[8] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 static SPIPlanPtr lease_plan = NULL;
 static SPIPlanPtr ack_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
@@ -306,6 +335,7 @@ static SPIPlanPtr nack_many_plan = NULL;
 
 #define CLAIM_FILTER_TOPICS 1
 #define CLAIM_FILTER_TENANT 2
+#define CLAIM_ORDERED 4			/* the table has ordering_key (1.1) */
 
 /* A row locked by outbox_claim, and its place in the result. */
 typedef struct ClaimedRow
@@ -337,6 +367,41 @@ claimed_row_cmp(const void *a, const void *b)
  */
 #define outbox_plan(cache, sql, nargs, argtypes) \
 	idem_saved_plan((cache), (sql), (nargs), (argtypes), CURSOR_OPT_GENERIC_PLAN)
+
+/*
+ * Whether idempotency.outbox has the 1.1 column ordering_key: a database
+ * whose extension is still at 1.0 runs the claim without ordering.
+ */
+static bool
+outbox_has_ordering_key(void)
+{
+	Oid			nsp = get_namespace_oid("idempotency", true);
+	Oid			rel;
+
+	if (!OidIsValid(nsp))
+		return false;
+	rel = get_relname_relid("outbox", nsp);
+	return OidIsValid(rel) &&
+		get_attnum(rel, "ordering_key") != InvalidAttrNumber;
+}
+
+/*
+ * Wait for, then hold until the end of the transaction, the advisory lock
+ * of (tenant, ordering_key) that orders enqueues of one key (see
+ * OUTBOX_ORDER_LOCK_CLASS).
+ */
+static void
+outbox_lock_ordering_key(const char *tenant, const char *ordering_key)
+{
+	uint32		h;
+
+	h = hash_bytes((const unsigned char *) tenant, strlen(tenant));
+	h = hash_combine(h, hash_bytes((const unsigned char *) ordering_key,
+								   strlen(ordering_key)));
+	(void) DirectFunctionCall2(pg_advisory_xact_lock_int4,
+							   Int32GetDatum(OUTBOX_ORDER_LOCK_CLASS),
+							   Int32GetDatum((int32) h));
+}
 
 /* ----------------------------------------------------------------
  * Argument checks: all of them run before anything is written
@@ -669,7 +734,8 @@ outbox_notify_at_commit(const char *topic)
  * "idempotency.outbox", content a JSON object:
  *
  *	{"tenant": ..., "topic": ..., "id": ..., "idem_scope": ...,
- *	 "idem_key": ..., "payload": {...}, "headers": {...} or null}
+ *	 "idem_key": ..., "payload": {...}, "headers": {...} or null,
+ *	 "ordering_key": ...}
  *
  * A logical decoding plugin (pgoutput with messages 'true', test_decoding,
  * wal2json) hands it to a relay with the transaction's other changes, at
@@ -691,7 +757,7 @@ outbox_json_string(StringInfo buf, const char *str)
 static void
 outbox_emit_message(const char *tenant, const char *topic, int64 id,
 					const char *scope, const char *key, Jsonb *payload,
-					Jsonb *headers)
+					Jsonb *headers, const char *ordering_key)
 {
 	StringInfoData buf;
 
@@ -712,6 +778,8 @@ outbox_emit_message(const char *tenant, const char *topic, int64 id,
 		(void) JsonbToCString(&buf, &headers->root, VARSIZE(headers));
 	else
 		appendStringInfoString(&buf, "null");
+	appendStringInfoString(&buf, ", \"ordering_key\": ");
+	outbox_json_string(&buf, ordering_key);
 	appendStringInfoChar(&buf, '}');
 
 #if PG_VERSION_NUM >= 170000
@@ -731,7 +799,8 @@ outbox_emit_message(const char *tenant, const char *topic, int64 id,
 /*
  * outbox_enqueue(tenant text, topic text, payload jsonb, key text,
  *				  scope text, headers jsonb, deliver_after interval,
- *				  max_attempts int, dedup_key text) RETURNS bigint
+ *				  max_attempts int, dedup_key text, ordering_key text)
+ *		RETURNS bigint
  *
  * Inserts one pending row in the caller's transaction and arranges a
  * NOTIFY on idempotency_outbox with the topic as payload at commit; both
@@ -739,7 +808,9 @@ outbox_emit_message(const char *tenant, const char *topic, int64 id,
  * row.  NULL deliver_after means now; NULL max_attempts means
  * idempotency.outbox_max_attempts.  With a dedup_key, while a row of the
  * same tenant, topic and dedup_key exists, returns that row's id and
- * inserts and notifies nothing (see outbox_enqueue_dedup_sql).
+ * inserts and notifies nothing (see outbox_enqueue_dedup_sql).  With an
+ * ordering_key, first waits for other transactions enqueueing for the
+ * same tenant and key (see OUTBOX_ORDER_LOCK_CLASS).
  */
 Datum
 outbox_enqueue(PG_FUNCTION_ARGS)
@@ -755,10 +826,11 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	Size		size;
 	char	   *topic_str;
 	char	   *dedup_key = NULL;
-	Oid			argtypes[9] = {TEXTOID, TEXTOID, JSONBOID, JSONBOID,
-	TEXTOID, TEXTOID, INT4OID, INTERVALOID, TEXTOID};
-	Datum		values[9];
-	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', 'n'};
+	char	   *ordering_key = NULL;
+	Oid			argtypes[10] = {TEXTOID, TEXTOID, JSONBOID, JSONBOID,
+	TEXTOID, TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID};
+	Datum		values[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', 'n', 'n'};
 	Interval	zero;
 	SPIPlanPtr	plan;
 	int			rc;
@@ -836,6 +908,20 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 					 errhint("Pass what identifies the message for its topic, such as the order id, or NULL for no deduplication.")));
 	}
 
+	if (PG_NARGS() > 9 && !PG_ARGISNULL(9))
+	{
+		ordering_key = text_to_cstring(PG_GETARG_TEXT_PP(9));
+		if (ordering_key[0] == '\0' ||
+			strlen(ordering_key) > OUTBOX_MAX_DEDUP_KEY_LEN)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("ordering_key must be 1 to %d bytes long",
+							OUTBOX_MAX_DEDUP_KEY_LEN),
+					 errdetail("The ordering_key given is %zu bytes long.",
+							   strlen(ordering_key)),
+					 errhint("Pass what the messages to deliver in order share, such as the account id, or NULL for no ordering.")));
+	}
+
 	/* binary (jsonb) sizes: what the row will hold */
 	size = VARSIZE(payload) + (headers ? VARSIZE(headers) : 0);
 	if (size > (Size) idem_max_payload_size)
@@ -860,12 +946,18 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	values[7] = IntervalPGetDatum(deliver_after ? deliver_after : &zero);
 	values[8] = dedup_key ? CStringGetTextDatum(dedup_key) : (Datum) 0;
 	nulls[8] = dedup_key ? ' ' : 'n';
+	values[9] = ordering_key ? CStringGetTextDatum(ordering_key) : (Datum) 0;
+	nulls[9] = ordering_key ? ' ' : 'n';
+
+	/* before the insert draws its id: see OUTBOX_ORDER_LOCK_CLASS */
+	if (ordering_key)
+		outbox_lock_ordering_key(tenant, ordering_key);
 
 	idem_spi_connect();
 	if (dedup_key == NULL)
 	{
 		if (PG_NARGS() > 8)
-			plan = outbox_plan(&enqueue_plan, outbox_enqueue_sql, 9, argtypes);
+			plan = outbox_plan(&enqueue_plan, outbox_enqueue_sql, 10, argtypes);
 		else
 			plan = outbox_plan(&enqueue_v10_plan, outbox_enqueue_v10_sql, 8,
 							   argtypes);
@@ -884,7 +976,7 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 			Datum		lookup_values[3];
 
 			plan = outbox_plan(&enqueue_dedup_plan, outbox_enqueue_dedup_sql,
-							   9, argtypes);
+							   10, argtypes);
 			rc = SPI_execute_plan(plan, values, nulls, false, 1);
 			if (rc != SPI_OK_INSERT_RETURNING)
 				elog(ERROR, "outbox insert failed: %s",
@@ -936,7 +1028,7 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 		outbox_notify_at_commit(topic_str);
 	if (inserted && idem_outbox_emit_messages)
 		outbox_emit_message(tenant, topic_str, id, scope, key, payload,
-							headers);
+							headers, ordering_key);
 
 	PG_RETURN_INT64(id);
 }
@@ -1053,15 +1145,18 @@ outbox_claim(PG_FUNCTION_ARGS)
 	idem_spi_connect();
 
 	/* 1. lock the candidates */
+	if (outbox_has_ordering_key())
+		filters |= CLAIM_ORDERED;
 	if (lock_plans[filters] == NULL)
 	{
-		char		sql[1024];
+		char		sql[2048];
 
 		snprintf(sql, sizeof(sql), outbox_lock_sql_format,
 				 (filters & CLAIM_FILTER_TOPICS) ?
 				 " AND c.topic = ANY ($2)" : " AND $2::text[] IS NULL",
 				 (filters & CLAIM_FILTER_TENANT) ?
-				 " AND c.tenant_id = $3" : " AND $3::text IS NULL");
+				 " AND c.tenant_id = $3" : " AND $3::text IS NULL",
+				 (filters & CLAIM_ORDERED) ? outbox_ordered_filter : "");
 		outbox_plan(&lock_plans[filters], sql, 3, lock_argtypes);
 	}
 	rc = SPI_execute_plan(lock_plans[filters], lock_values, lock_nulls,

@@ -17,6 +17,14 @@ CREATE INDEX outbox_claim_idx ON idempotency.outbox (available_at)
 CREATE UNIQUE INDEX outbox_dedup_idx ON idempotency.outbox (tenant_id, topic, dedup_key)
     WHERE dedup_key IS NOT NULL;
 
+/*
+ * Ordered delivery: the rows of a tenant and ordering key not yet
+ * finished, by id.  The claim asks it whether a row has an unfinished
+ * predecessor; outbox.c repeats this status list verbatim.
+ */
+CREATE INDEX outbox_ordering_idx ON idempotency.outbox (tenant_id, ordering_key, id)
+    WHERE status IN ('pending', 'leased', 'dead') AND ordering_key IS NOT NULL;
+
 /* Dead letters are few; this keeps listing and counting them cheap. */
 CREATE INDEX outbox_dead_idx ON idempotency.outbox (tenant_id, id)
     WHERE status = 'dead';
@@ -39,13 +47,14 @@ CREATE FUNCTION outbox_enqueue(tenant text, topic text, payload jsonb,
                                headers jsonb DEFAULT NULL,
                                deliver_after interval DEFAULT '0',
                                max_attempts int DEFAULT NULL,
-                               dedup_key text DEFAULT NULL)
+                               dedup_key text DEFAULT NULL,
+                               ordering_key text DEFAULT NULL)
     RETURNS bigint
     AS 'MODULE_PATHNAME', 'outbox_enqueue'
     LANGUAGE C VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp;
 
-COMMENT ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text) IS
+COMMENT ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text) IS
     'queue a side effect in the current transaction; NOTIFY idempotency_outbox on commit';
 
 CREATE FUNCTION outbox_claim(worker text, batch int DEFAULT 10,
@@ -99,12 +108,12 @@ CREATE FUNCTION outbox_extend(tenant text, id bigint, lease_token uuid,
 COMMENT ON FUNCTION outbox_extend(text, bigint, uuid, interval) IS
     'heartbeat: extend the lease of a row still leased under lease_token to now + lease';
 
-REVOKE ALL ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text),
+REVOKE ALL ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text),
     outbox_claim(text, int, interval, text[], text),
     outbox_ack(text, bigint, uuid, text),
     outbox_nack(text, bigint, uuid, text, interval),
     outbox_requeue(text, bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text)
+GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text)
     TO idempotency_app;
 GRANT EXECUTE ON FUNCTION outbox_claim(text, int, interval, text[], text),
     outbox_ack(text, bigint, uuid, text),

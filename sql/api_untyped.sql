@@ -10,7 +10,7 @@ SELECT scope, ttl FROM idem_configure_scope('untyped', '{"ttl": "1 day"}');
 
 BEGIN;
 SELECT outcome FROM idem_reserve('ut', 'untyped', 'k1', '{"amount": 1}');
-SELECT outbox_enqueue('ut', 'topic', '{"amount": 1}', 'k1', 'untyped', '{"h": 1}', '0', '3', 'dedup-1') IS NOT NULL AS enqueued;
+SELECT outbox_enqueue('ut', 'topic', '{"amount": 1}', 'k1', 'untyped', '{"h": 1}', '0', '3', 'dedup-1', 'ord-1') IS NOT NULL AS enqueued;
 SELECT idem_complete('ut', 'untyped', 'k1', '201', '{"id": 1}', '{"Location": "/1"}');
 COMMIT;
 SELECT outcome, response_code FROM idem_reserve('ut', 'untyped', 'k1', '{"amount": 1}', '1 day', '0');

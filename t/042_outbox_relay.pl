@@ -35,7 +35,7 @@ my $a = $node->background_psql('postgres', on_error_stop => 1);
 $a->query_safe($on);
 $a->query_safe('BEGIN');
 my $id_a1 = $a->query_safe(
-	q{SELECT outbox_enqueue('relay', 'a1', '{"n": 1, "s": "é\"x"}', key => 'order-1', scope => 'payments', headers => '{"h": "v"}')});
+	q{SELECT outbox_enqueue('relay', 'a1', '{"n": 1, "s": "é\"x"}', key => 'order-1', scope => 'payments', headers => '{"h": "v"}', ordering_key => 'acct-1')});
 $node->safe_psql('postgres',
 	$on . q{SELECT outbox_enqueue('relay', 'b1', '{"n": 2}')});
 $a->query_safe(q{SELECT outbox_enqueue('relay', 'a2', '{"n": 3}')});
@@ -95,11 +95,13 @@ my ($m) = grep { $_->{topic} eq 'a1' } @messages;
 is_deeply($m, {
 		tenant => 'relay', topic => 'a1', id => $id_a1 + 0,
 		idem_scope => 'payments', idem_key => 'order-1',
-		payload => { n => 1, s => "\x{e9}\"x" }, headers => { h => 'v' } },
-	'the content holds tenant, topic, id, idem_scope, idem_key, payload and headers');
+		payload => { n => 1, s => "\x{e9}\"x" }, headers => { h => 'v' },
+		ordering_key => 'acct-1' },
+	'the content holds tenant, topic, id, idem_scope, idem_key, payload, headers and ordering_key');
 my ($b) = grep { $_->{topic} eq 'b1' } @messages;
-is_deeply([ $b->{idem_scope}, $b->{idem_key}, $b->{headers} ], [ undef, undef, undef ],
-	'absent key, scope and headers are JSON nulls');
+is_deeply([ $b->{idem_scope}, $b->{idem_key}, $b->{headers}, $b->{ordering_key} ],
+	[ undef, undef, undef, undef ],
+	'absent key, scope, headers and ordering_key are JSON nulls');
 is($node->safe_psql('postgres', q{
 SELECT string_agg(topic, ' ' ORDER BY id) FROM idempotency.outbox
  WHERE tenant_id = 'relay' AND topic IN ('a1', 'b1')}), 'a1 b1',
