@@ -11,8 +11,12 @@
  * commit (see "NOTIFY at commit" below).  Workers call
  * outbox_claim, deliver each row carrying its idem_scope/idem_key to the
  * provider as the provider's own idempotency key, and finish each row with
- * outbox_ack or outbox_nack.  outbox_requeue returns a dead letter to the
- * queue.
+ * outbox_ack or outbox_nack (or a batch of them with outbox_ack_many and
+ * outbox_nack_many), extending a lease that runs short with outbox_extend.
+ * outbox_requeue returns a dead letter to the queue.  Enqueues may be
+ * deduplicated (dedup_key), delivered in order per key (ordering_key, see
+ * OUTBOX_ORDER_LOCK_CLASS) and written to the WAL for a relay
+ * (idempotency.outbox_emit_messages, see "WAL relay").
  *
  * Row states: pending -> leased -> done, or leased -> pending (nack with
  * retries left), or leased -> dead.  available_at is the earliest time a
