@@ -1633,6 +1633,9 @@ outbox_nack_many(PG_FUNCTION_ARGS)
 	Datum		values[6];
 	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
 	Datum	   *jitters;
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
 	SPIPlanPtr	plan;
 	int			rc;
 
@@ -1655,9 +1658,9 @@ outbox_nack_many(PG_FUNCTION_ARGS)
 	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
 	values[4] = PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4);
 	nulls[4] = PG_ARGISNULL(4) ? 'n' : ' ';
+	get_typlenbyvalalign(FLOAT8OID, &typlen, &typbyval, &typalign);
 	values[5] = PointerGetDatum(construct_array(jitters, n, FLOAT8OID,
-												sizeof(float8), FLOAT8PASSBYVAL,
-												TYPALIGN_DOUBLE));
+												typlen, typbyval, typalign));
 
 	idem_spi_connect();
 	plan = outbox_plan(&nack_many_plan, outbox_nack_many_sql, 6, argtypes);
