@@ -620,3 +620,86 @@ REVOKE EXECUTE ON FUNCTION idempotency.tenant_bindings_changed() FROM PUBLIC;
 CREATE TRIGGER tenant_bindings_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.tenant_bindings
     FOR EACH STATEMENT EXECUTE FUNCTION idempotency.tenant_bindings_changed();
+/* ---- Outbox: lease extension, batch acknowledgement, deduplicated enqueue,
+ * ordered delivery ---- */
+
+CREATE FUNCTION @extschema@.outbox_extend(tenant text, id bigint, lease_token uuid,
+                              lease interval DEFAULT '30 seconds')
+    RETURNS timestamptz
+    AS 'MODULE_PATHNAME', 'outbox_extend'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval) IS
+    'heartbeat: extend the lease of a row still leased under lease_token to now + lease';
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval)
+    TO idempotency_worker;
+
+CREATE FUNCTION @extschema@.outbox_ack_many(tenant text, ids bigint[], lease_tokens uuid[],
+                                provider_refs text[] DEFAULT NULL)
+    RETURNS SETOF bigint
+    AS 'MODULE_PATHNAME', 'outbox_ack_many'
+    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.outbox_ack_many(text, bigint[], uuid[], text[]) IS
+    'outbox_ack for many rows in one statement; returns the ids acknowledged';
+
+CREATE FUNCTION @extschema@.outbox_nack_many(tenant text, ids bigint[], lease_tokens uuid[],
+                                 error text, retry_in interval DEFAULT NULL)
+    RETURNS TABLE (id bigint, status idempotency.outbox_status)
+    AS 'MODULE_PATHNAME', 'outbox_nack_many'
+    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.outbox_nack_many(text, bigint[], uuid[], text, interval) IS
+    'outbox_nack for many rows in one statement; returns each row reported and its new status';
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_ack_many(text, bigint[], uuid[], text[]),
+    @extschema@.outbox_nack_many(text, bigint[], uuid[], text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_ack_many(text, bigint[], uuid[], text[]),
+    @extschema@.outbox_nack_many(text, bigint[], uuid[], text, interval) TO idempotency_worker;
+
+/*
+ * outbox_enqueue takes a dedup_key and an ordering_key: new columns go at
+ * the end of the table, in the order of a fresh install, and the function
+ * is replaced (one signature, so an untyped call matches exactly one).
+ */
+ALTER TABLE idempotency.outbox ADD COLUMN dedup_key text;
+ALTER TABLE idempotency.outbox ADD COLUMN ordering_key text;
+
+CREATE UNIQUE INDEX outbox_dedup_idx ON idempotency.outbox (tenant_id, topic, dedup_key)
+    WHERE dedup_key IS NOT NULL;
+
+/*
+ * Ordered delivery: the rows of a tenant and ordering key not yet
+ * finished, by id.  The claim asks it whether a row has an unfinished
+ * predecessor; outbox.c repeats this status list verbatim.
+ */
+CREATE INDEX outbox_ordering_idx ON idempotency.outbox (tenant_id, ordering_key, id)
+    WHERE status IN ('pending', 'leased', 'dead') AND ordering_key IS NOT NULL;
+
+DROP FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int);
+
+CREATE FUNCTION @extschema@.outbox_enqueue(tenant text, topic text, payload jsonb,
+                               key text DEFAULT NULL,
+                               scope text DEFAULT NULL,
+                               headers jsonb DEFAULT NULL,
+                               deliver_after interval DEFAULT '0',
+                               max_attempts int DEFAULT NULL,
+                               dedup_key text DEFAULT NULL,
+                               ordering_key text DEFAULT NULL)
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'outbox_enqueue'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text) IS
+    'queue a side effect in the current transaction; NOTIFY idempotency_outbox on commit';
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text)
+    TO idempotency_app;

@@ -548,6 +548,14 @@ _PG_init(void)
 							 PGC_USERSET,
 							 0,
 							 NULL, NULL, NULL);
+	DefineCustomBoolVariable("idempotency.outbox_emit_messages",
+							 gettext_noop("Whether outbox_enqueue also writes each row to the WAL as a logical decoding message."),
+							 gettext_noop("Prefix \"idempotency.outbox\", transactional: relays reading a logical replication slot get outbox rows in commit order."),
+							 &idem_outbox_emit_messages,
+							 false,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
 
 	/*
 	 * A PGC_POSTMASTER variable can only be created while the server starts

@@ -50,6 +50,9 @@ extern int	idem_stats_max_entries; /* (tenant, scope) pairs in shared memory */
 /* outbox.c: idempotency.outbox_notify, NOTIFY idempotency_outbox at commit */
 extern bool idem_outbox_notify;
 
+/* outbox.c: idempotency.outbox_emit_messages, logical decoding messages */
+extern bool idem_outbox_emit_messages;
+
 /* True while _PG_init runs from shared_preload_libraries. */
 extern bool idem_loaded_at_startup;
 

@@ -11,8 +11,12 @@
  * commit (see "NOTIFY at commit" below).  Workers call
  * outbox_claim, deliver each row carrying its idem_scope/idem_key to the
  * provider as the provider's own idempotency key, and finish each row with
- * outbox_ack or outbox_nack.  outbox_requeue returns a dead letter to the
- * queue.
+ * outbox_ack or outbox_nack (or a batch of them with outbox_ack_many and
+ * outbox_nack_many), extending a lease that runs short with outbox_extend.
+ * outbox_requeue returns a dead letter to the queue.  Enqueues may be
+ * deduplicated (dedup_key), delivered in order per key (ordering_key, see
+ * OUTBOX_ORDER_LOCK_CLASS) and written to the WAL for a relay
+ * (idempotency.outbox_emit_messages, see "WAL relay").
  *
  * Row states: pending -> leased -> done, or leased -> pending (nack with
  * retries left), or leased -> dead.  available_at is the earliest time a
@@ -45,19 +49,35 @@
 
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
+#include "common/hashfn.h"
 #include "common/pg_prng.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "replication/message.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
 #include "idempotency.h"
+
+/*
+ * idempotency.outbox_emit_messages: outbox_enqueue also writes each row it
+ * inserts to the WAL as a transactional logical decoding message with this
+ * prefix (see outbox_emit_message).
+ */
+bool		idem_outbox_emit_messages = false;
+
+#define OUTBOX_MESSAGE_PREFIX "idempotency.outbox"
 
 /* Channel outbox_enqueue and outbox_requeue notify on commit. */
 #define OUTBOX_CHANNEL "idempotency_outbox"
@@ -84,6 +104,9 @@ PG_FUNCTION_INFO_V1(outbox_claim);
 PG_FUNCTION_INFO_V1(outbox_ack);
 PG_FUNCTION_INFO_V1(outbox_nack);
 PG_FUNCTION_INFO_V1(outbox_requeue);
+PG_FUNCTION_INFO_V1(outbox_extend);
+PG_FUNCTION_INFO_V1(outbox_ack_many);
+PG_FUNCTION_INFO_V1(outbox_nack_many);
 
 /* ----------------------------------------------------------------
  * Statements
@@ -93,9 +116,76 @@ PG_FUNCTION_INFO_V1(outbox_requeue);
 static const char *outbox_enqueue_sql =
 "INSERT INTO idempotency.outbox"
 "  (tenant_id, topic, payload, headers, idem_scope, idem_key,"
+"   max_attempts, available_at, dedup_key, ordering_key)"
+" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8, $9, $10)"
+" RETURNING id";
+
+/*
+ * The insert of the 1.0 SQL function (8 arguments), for a database whose
+ * extension is not updated yet: its table lacks the 1.1 columns.
+ */
+static const char *outbox_enqueue_v10_sql =
+"INSERT INTO idempotency.outbox"
+"  (tenant_id, topic, payload, headers, idem_scope, idem_key,"
 "   max_attempts, available_at)"
 " VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8)"
 " RETURNING id";
+
+/*
+ * Deduplicated enqueue: the same insert, which outbox_dedup_idx turns into
+ * nothing when (tenant, topic, dedup_key) has a row already.  A conflicting
+ * row that is not yet committed is waited for: if its transaction commits,
+ * this insert does nothing and the lookup below finds it; if it rolls back,
+ * this insert goes ahead.  Enqueues without a dedup_key keep the plain
+ * insert above, which skips the speculative insertion.
+ */
+static const char *outbox_enqueue_dedup_sql =
+"INSERT INTO idempotency.outbox"
+"  (tenant_id, topic, payload, headers, idem_scope, idem_key,"
+"   max_attempts, available_at, dedup_key, ordering_key)"
+" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8, $9, $10)"
+" ON CONFLICT (tenant_id, topic, dedup_key) WHERE dedup_key IS NOT NULL"
+" DO NOTHING"
+" RETURNING id";
+
+static const char *outbox_dedup_lookup_sql =
+"SELECT id FROM idempotency.outbox"
+" WHERE tenant_id = $1 AND topic = $2 AND dedup_key = $3";
+
+/*
+ * Ordered delivery.  Rows of one tenant with the same ordering_key are
+ * delivered one at a time, in id order: a row is a claim candidate only
+ * when no row of its tenant and ordering key with a smaller id is pending,
+ * leased or dead (outbox_ordering_idx answers that).  So the head of a key
+ * is its oldest unfinished row, and everything behind it waits: while it
+ * is leased, while it waits for a retry after a nack, and while it is dead,
+ * until it is requeued and delivered, or deleted.
+ *
+ * Id order is commit order within a key: outbox_enqueue takes a
+ * transaction-level advisory lock on (tenant, ordering_key) before it
+ * inserts, so a second transaction enqueueing for the same key waits until
+ * the first commits or rolls back, and its row (and id) comes after.
+ * Without it, a later id could commit first and be delivered before an
+ * earlier one became visible.  The lock's first key is
+ * OUTBOX_ORDER_LOCK_CLASS, its second a hash of tenant and key: another key
+ * with the same hash only shares the wait.
+ */
+#define OUTBOX_ORDER_LOCK_CLASS 0x1dE0
+
+static const char *outbox_ordered_filter =
+"   AND (c.ordering_key IS NULL OR NOT EXISTS ("
+"        SELECT FROM idempotency.outbox p"
+"         WHERE p.tenant_id = c.tenant_id AND p.ordering_key = c.ordering_key"
+"           AND p.id < c.id AND p.status IN ('pending', 'leased', 'dead')))";
+
+/* Longest dedup_key or ordering_key, in bytes. */
+#define OUTBOX_MAX_DEDUP_KEY_LEN 255
+
+/*
+ * How often a deduplicated enqueue retries when the row it conflicted with
+ * was deleted before it could be looked up (purged or removed by hand).
+ */
+#define OUTBOX_DEDUP_RETRIES 3
 
 /*
  * outbox_claim runs two statements.  The first locks the candidates, oldest
@@ -125,7 +215,7 @@ static const char *outbox_lock_sql_format =
 "  FROM idempotency.outbox c"
 " WHERE c.status IN ('pending', 'leased')"
 "   AND c.available_at <= pg_catalog.statement_timestamp()"
-"   %s%s"
+"   %s%s%s"
 " ORDER BY c.available_at"
 " LIMIT $1"
 "   FOR UPDATE SKIP LOCKED";
@@ -180,20 +270,76 @@ static const char *outbox_requeue_sql =
 " WHERE tenant_id = $1 AND id = $2 AND status = 'dead'"
 " RETURNING topic";
 
+/*
+ * outbox_extend: a heartbeat.  Fenced like ack: only the current lease
+ * holder moves the end of its lease (and available_at with it, so the
+ * claim path keeps ignoring the row until then).
+ */
+static const char *outbox_extend_sql =
+"UPDATE idempotency.outbox"
+"   SET lease_until = pg_catalog.statement_timestamp() + $4,"
+"       available_at = pg_catalog.statement_timestamp() + $4"
+" WHERE tenant_id = $1 AND id = $2 AND status = 'leased' AND lease_token = $3"
+" RETURNING lease_until";
+
+/*
+ * outbox_ack_many and outbox_nack_many: one statement per batch.  The
+ * arrays are zipped by ROWS FROM (a row per index, NULL where provider_refs
+ * is shorter, i.e. NULL) and joined to the table by primary key; each row
+ * is fenced by its own token exactly as in outbox_ack and outbox_nack, and
+ * rows that fail the fence are left out of the result, not raised.
+ */
+static const char *outbox_ack_many_sql =
+"UPDATE idempotency.outbox o"
+"   SET status = 'done', done_at = pg_catalog.statement_timestamp(),"
+"       provider_ref = r.ref, lease_until = NULL"
+"  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
+"                  pg_catalog.unnest($4)) AS r(id, token, ref)"
+" WHERE o.tenant_id = $1 AND o.id = r.id"
+"   AND o.status = 'leased' AND o.lease_token = r.token"
+" RETURNING o.id";
+
+static const char *outbox_nack_many_sql =
+"UPDATE idempotency.outbox o"
+"   SET attempts = o.attempts + 1,"
+"       status = CASE WHEN o.attempts + 1 >= o.max_attempts"
+"                THEN 'dead'::idempotency.outbox_status"
+"                ELSE 'pending'::idempotency.outbox_status END,"
+"       available_at = pg_catalog.statement_timestamp()"
+"           + COALESCE($5, pg_catalog.make_interval(secs =>"
+"                 LEAST(" CppAsString2(OUTBOX_BACKOFF_CAP_SECS) "::float8,"
+"                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::float8"
+"                       * pg_catalog.power(2.0::float8,"
+"                                          LEAST(o.attempts, 30)::float8))"
+"                 * r.jitter)),"
+"       last_error = $4, lease_token = NULL, lease_until = NULL"
+"  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
+"                  pg_catalog.unnest($6)) AS r(id, token, jitter)"
+" WHERE o.tenant_id = $1 AND o.id = r.id"
+"   AND o.status = 'leased' AND o.lease_token = r.token"
+" RETURNING o.id, o.status";
+
 static const char *outbox_status_sql =
 "SELECT status::text FROM idempotency.outbox WHERE tenant_id = $1 AND id = $2";
 
 /* Saved plans, prepared on first use in this backend. */
 static SPIPlanPtr enqueue_plan = NULL;
-static SPIPlanPtr lock_plans[4] = {NULL, NULL, NULL, NULL};
+static SPIPlanPtr enqueue_v10_plan = NULL;
+static SPIPlanPtr enqueue_dedup_plan = NULL;
+static SPIPlanPtr dedup_lookup_plan = NULL;
+static SPIPlanPtr lock_plans[8] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 static SPIPlanPtr lease_plan = NULL;
 static SPIPlanPtr ack_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
 static SPIPlanPtr requeue_plan = NULL;
 static SPIPlanPtr status_plan = NULL;
+static SPIPlanPtr extend_plan = NULL;
+static SPIPlanPtr ack_many_plan = NULL;
+static SPIPlanPtr nack_many_plan = NULL;
 
 #define CLAIM_FILTER_TOPICS 1
 #define CLAIM_FILTER_TENANT 2
+#define CLAIM_ORDERED 4			/* the table has ordering_key (1.1) */
 
 /* A row locked by outbox_claim, and its place in the result. */
 typedef struct ClaimedRow
@@ -225,6 +371,41 @@ claimed_row_cmp(const void *a, const void *b)
  */
 #define outbox_plan(cache, sql, nargs, argtypes) \
 	idem_saved_plan((cache), (sql), (nargs), (argtypes), CURSOR_OPT_GENERIC_PLAN)
+
+/*
+ * Whether idempotency.outbox has the 1.1 column ordering_key: a database
+ * whose extension is still at 1.0 runs the claim without ordering.
+ */
+static bool
+outbox_has_ordering_key(void)
+{
+	Oid			nsp = get_namespace_oid("idempotency", true);
+	Oid			rel;
+
+	if (!OidIsValid(nsp))
+		return false;
+	rel = get_relname_relid("outbox", nsp);
+	return OidIsValid(rel) &&
+		get_attnum(rel, "ordering_key") != InvalidAttrNumber;
+}
+
+/*
+ * Wait for, then hold until the end of the transaction, the advisory lock
+ * of (tenant, ordering_key) that orders enqueues of one key (see
+ * OUTBOX_ORDER_LOCK_CLASS).
+ */
+static void
+outbox_lock_ordering_key(const char *tenant, const char *ordering_key)
+{
+	uint32		h;
+
+	h = hash_bytes((const unsigned char *) tenant, strlen(tenant));
+	h = hash_combine(h, hash_bytes((const unsigned char *) ordering_key,
+								   strlen(ordering_key)));
+	(void) DirectFunctionCall2(pg_advisory_xact_lock_int4,
+							   Int32GetDatum(OUTBOX_ORDER_LOCK_CLASS),
+							   Int32GetDatum((int32) h));
+}
 
 /* ----------------------------------------------------------------
  * Argument checks: all of them run before anything is written
@@ -548,6 +729,73 @@ outbox_notify_at_commit(const char *topic)
 }
 
 /* ----------------------------------------------------------------
+ * WAL relay
+ * ----------------------------------------------------------------
+ *
+ * With idempotency.outbox_emit_messages on, every row outbox_enqueue
+ * inserts is also written as a transactional logical decoding message
+ * (what pg_logical_emit_message(true, prefix, content) writes), prefix
+ * "idempotency.outbox", content a JSON object:
+ *
+ *	{"tenant": ..., "topic": ..., "id": ..., "idem_scope": ...,
+ *	 "idem_key": ..., "payload": {...}, "headers": {...} or null,
+ *	 "ordering_key": ...}
+ *
+ * A logical decoding plugin (pgoutput with messages 'true', test_decoding,
+ * wal2json) hands it to a relay with the transaction's other changes, at
+ * its commit and in commit order; a transaction or subtransaction that
+ * rolls back emits nothing.  A deduplicated enqueue that inserted nothing
+ * emits nothing.
+ */
+
+/* Append "str" to "buf" as a JSON string, or null. */
+static void
+outbox_json_string(StringInfo buf, const char *str)
+{
+	if (str == NULL)
+		appendStringInfoString(buf, "null");
+	else
+		escape_json(buf, str);
+}
+
+static void
+outbox_emit_message(const char *tenant, const char *topic, int64 id,
+					const char *scope, const char *key, Jsonb *payload,
+					Jsonb *headers, const char *ordering_key)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	appendStringInfoString(&buf, "{\"tenant\": ");
+	outbox_json_string(&buf, tenant);
+	appendStringInfoString(&buf, ", \"topic\": ");
+	outbox_json_string(&buf, topic);
+	appendStringInfo(&buf, ", \"id\": " INT64_FORMAT, id);
+	appendStringInfoString(&buf, ", \"idem_scope\": ");
+	outbox_json_string(&buf, scope);
+	appendStringInfoString(&buf, ", \"idem_key\": ");
+	outbox_json_string(&buf, key);
+	appendStringInfoString(&buf, ", \"payload\": ");
+	(void) JsonbToCString(&buf, &payload->root, VARSIZE(payload));
+	appendStringInfoString(&buf, ", \"headers\": ");
+	if (headers)
+		(void) JsonbToCString(&buf, &headers->root, VARSIZE(headers));
+	else
+		appendStringInfoString(&buf, "null");
+	appendStringInfoString(&buf, ", \"ordering_key\": ");
+	outbox_json_string(&buf, ordering_key);
+	appendStringInfoChar(&buf, '}');
+
+#if PG_VERSION_NUM >= 170000
+	(void) LogLogicalMessage(OUTBOX_MESSAGE_PREFIX, buf.data, buf.len, true,
+							 false);
+#else
+	(void) LogLogicalMessage(OUTBOX_MESSAGE_PREFIX, buf.data, buf.len, true);
+#endif
+	pfree(buf.data);
+}
+
+/* ----------------------------------------------------------------
  * User-facing functions
  * ----------------------------------------------------------------
  */
@@ -555,13 +803,18 @@ outbox_notify_at_commit(const char *topic)
 /*
  * outbox_enqueue(tenant text, topic text, payload jsonb, key text,
  *				  scope text, headers jsonb, deliver_after interval,
- *				  max_attempts int) RETURNS bigint
+ *				  max_attempts int, dedup_key text, ordering_key text)
+ *		RETURNS bigint
  *
  * Inserts one pending row in the caller's transaction and arranges a
  * NOTIFY on idempotency_outbox with the topic as payload at commit; both
  * vanish if the transaction rolls back.  Takes no lock beyond the inserted
  * row.  NULL deliver_after means now; NULL max_attempts means
- * idempotency.outbox_max_attempts.
+ * idempotency.outbox_max_attempts.  With a dedup_key, while a row of the
+ * same tenant, topic and dedup_key exists, returns that row's id and
+ * inserts and notifies nothing (see outbox_enqueue_dedup_sql).  With an
+ * ordering_key, first waits for other transactions enqueueing for the
+ * same tenant and key (see OUTBOX_ORDER_LOCK_CLASS).
  */
 Datum
 outbox_enqueue(PG_FUNCTION_ARGS)
@@ -576,15 +829,19 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	int32		max_attempts = idem_outbox_max_attempts;
 	Size		size;
 	char	   *topic_str;
-	Oid			argtypes[8] = {TEXTOID, TEXTOID, JSONBOID, JSONBOID,
-	TEXTOID, TEXTOID, INT4OID, INTERVALOID};
-	Datum		values[8];
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	char	   *dedup_key = NULL;
+	char	   *ordering_key = NULL;
+	Oid			argtypes[10] = {TEXTOID, TEXTOID, JSONBOID, JSONBOID,
+	TEXTOID, TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID};
+	Datum		values[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', 'n', 'n'};
 	Interval	zero;
 	SPIPlanPtr	plan;
 	int			rc;
 	bool		isnull;
-	int64		id;
+	int64		id = 0;
+	bool		inserted = false;
+	int			attempt;
 
 	tenant = outbox_tenant_arg(fcinfo, 0);
 	outbox_require_arg(fcinfo, 1, "topic");
@@ -641,6 +898,34 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 					 errhint("Pass at least 1, or NULL for idempotency.outbox_max_attempts.")));
 	}
 
+	/* 1.1: dedup_key (the 1.0 SQL function has 8 arguments) */
+	if (PG_NARGS() > 8 && !PG_ARGISNULL(8))
+	{
+		dedup_key = text_to_cstring(PG_GETARG_TEXT_PP(8));
+		if (dedup_key[0] == '\0' || strlen(dedup_key) > OUTBOX_MAX_DEDUP_KEY_LEN)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("dedup_key must be 1 to %d bytes long",
+							OUTBOX_MAX_DEDUP_KEY_LEN),
+					 errdetail("The dedup_key given is %zu bytes long.",
+							   strlen(dedup_key)),
+					 errhint("Pass what identifies the message for its topic, such as the order id, or NULL for no deduplication.")));
+	}
+
+	if (PG_NARGS() > 9 && !PG_ARGISNULL(9))
+	{
+		ordering_key = text_to_cstring(PG_GETARG_TEXT_PP(9));
+		if (ordering_key[0] == '\0' ||
+			strlen(ordering_key) > OUTBOX_MAX_DEDUP_KEY_LEN)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("ordering_key must be 1 to %d bytes long",
+							OUTBOX_MAX_DEDUP_KEY_LEN),
+					 errdetail("The ordering_key given is %zu bytes long.",
+							   strlen(ordering_key)),
+					 errhint("Pass what the messages to deliver in order share, such as the account id, or NULL for no ordering.")));
+	}
+
 	/* binary (jsonb) sizes: what the row will hold */
 	size = VARSIZE(payload) + (headers ? VARSIZE(headers) : 0);
 	if (size > (Size) idem_max_payload_size)
@@ -663,19 +948,91 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	nulls[5] = key ? ' ' : 'n';
 	values[6] = Int32GetDatum(max_attempts);
 	values[7] = IntervalPGetDatum(deliver_after ? deliver_after : &zero);
+	values[8] = dedup_key ? CStringGetTextDatum(dedup_key) : (Datum) 0;
+	nulls[8] = dedup_key ? ' ' : 'n';
+	values[9] = ordering_key ? CStringGetTextDatum(ordering_key) : (Datum) 0;
+	nulls[9] = ordering_key ? ' ' : 'n';
+
+	/* before the insert draws its id: see OUTBOX_ORDER_LOCK_CLASS */
+	if (ordering_key)
+		outbox_lock_ordering_key(tenant, ordering_key);
 
 	idem_spi_connect();
-	plan = outbox_plan(&enqueue_plan, outbox_enqueue_sql, 8, argtypes);
-	rc = SPI_execute_plan(plan, values, nulls, false, 1);
-	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
-		elog(ERROR, "outbox insert failed: %s", SPI_result_code_string(rc));
-	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									 SPI_tuptable->tupdesc, 1, &isnull));
+	if (dedup_key == NULL)
+	{
+		if (PG_NARGS() > 8)
+			plan = outbox_plan(&enqueue_plan, outbox_enqueue_sql, 10, argtypes);
+		else
+			plan = outbox_plan(&enqueue_v10_plan, outbox_enqueue_v10_sql, 8,
+							   argtypes);
+		rc = SPI_execute_plan(plan, values, nulls, false, 1);
+		if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
+			elog(ERROR, "outbox insert failed: %s", SPI_result_code_string(rc));
+		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										 SPI_tuptable->tupdesc, 1, &isnull));
+		inserted = true;
+	}
+	else
+	{
+		for (attempt = 0;; attempt++)
+		{
+			Oid			lookup_argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
+			Datum		lookup_values[3];
+
+			plan = outbox_plan(&enqueue_dedup_plan, outbox_enqueue_dedup_sql,
+							   10, argtypes);
+			rc = SPI_execute_plan(plan, values, nulls, false, 1);
+			if (rc != SPI_OK_INSERT_RETURNING)
+				elog(ERROR, "outbox insert failed: %s",
+					 SPI_result_code_string(rc));
+			if (SPI_processed == 1)
+			{
+				id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+												 SPI_tuptable->tupdesc, 1,
+												 &isnull));
+				inserted = true;
+				break;
+			}
+
+			/* a row with this dedup_key exists: answer its id */
+			lookup_values[0] = values[0];
+			lookup_values[1] = values[1];
+			lookup_values[2] = values[8];
+			plan = outbox_plan(&dedup_lookup_plan, outbox_dedup_lookup_sql,
+							   3, lookup_argtypes);
+			rc = SPI_execute_plan(plan, lookup_values, NULL, false, 1);
+			if (rc != SPI_OK_SELECT)
+				elog(ERROR, "outbox dedup lookup failed: %s",
+					 SPI_result_code_string(rc));
+			if (SPI_processed == 1)
+			{
+				id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+												 SPI_tuptable->tupdesc, 1,
+												 &isnull));
+				break;
+			}
+			/* it was deleted in between: try the insert again */
+			if (attempt >= OUTBOX_DEDUP_RETRIES)
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not enqueue or find the outbox row of dedup_key \"%s\"",
+								dedup_key),
+						 errdetail("A row with this dedup_key kept being deleted while it was looked up."),
+						 errhint("Retry the transaction.")));
+		}
+	}
 	SPI_finish();
 
-	/* transactional: delivered to listeners only when the caller commits */
-	if (idem_outbox_notify)
+	/*
+	 * A deduplicated enqueue that found its row wrote nothing, and notifies
+	 * nothing: the first enqueue did.  Transactional: delivered to listeners
+	 * only when the caller commits.
+	 */
+	if (inserted && idem_outbox_notify)
 		outbox_notify_at_commit(topic_str);
+	if (inserted && idem_outbox_emit_messages)
+		outbox_emit_message(tenant, topic_str, id, scope, key, payload,
+							headers, ordering_key);
 
 	PG_RETURN_INT64(id);
 }
@@ -792,15 +1149,18 @@ outbox_claim(PG_FUNCTION_ARGS)
 	idem_spi_connect();
 
 	/* 1. lock the candidates */
+	if (outbox_has_ordering_key())
+		filters |= CLAIM_ORDERED;
 	if (lock_plans[filters] == NULL)
 	{
-		char		sql[1024];
+		char		sql[2048];
 
 		snprintf(sql, sizeof(sql), outbox_lock_sql_format,
 				 (filters & CLAIM_FILTER_TOPICS) ?
 				 " AND c.topic = ANY ($2)" : " AND $2::text[] IS NULL",
 				 (filters & CLAIM_FILTER_TENANT) ?
-				 " AND c.tenant_id = $3" : " AND $3::text IS NULL");
+				 " AND c.tenant_id = $3" : " AND $3::text IS NULL",
+				 (filters & CLAIM_ORDERED) ? outbox_ordered_filter : "");
 		outbox_plan(&lock_plans[filters], sql, 3, lock_argtypes);
 	}
 	rc = SPI_execute_plan(lock_plans[filters], lock_values, lock_nulls,
@@ -1059,4 +1419,256 @@ outbox_requeue(PG_FUNCTION_ARGS)
 		outbox_notify_at_commit(topic);
 
 	PG_RETURN_VOID();
+}
+
+/*
+ * outbox_extend(tenant text, id bigint, lease_token uuid, lease interval)
+ *		RETURNS timestamptz
+ *
+ * Extends the lease of a row still leased under "lease_token" to now +
+ * "lease" and returns the new lease_until: a heartbeat for deliveries that
+ * outlast their lease.  Fenced like outbox_ack: the lease may have run out
+ * as long as nobody claimed the row since.  Takes the row lock.  Errors,
+ * nothing written: 22004 NULL argument, 22023 lease not positive, P0002
+ * unknown row, 55000 row done or dead, 55006 stale lease token.
+ */
+Datum
+outbox_extend(PG_FUNCTION_ARGS)
+{
+	char	   *tenant;
+	int64		id;
+	Oid			argtypes[4] = {TEXTOID, INT8OID, UUIDOID, INTERVALOID};
+	Datum		values[4];
+	SPIPlanPtr	plan;
+	int			rc;
+	bool		isnull;
+	Datum		until;
+
+	tenant = outbox_tenant_arg(fcinfo, 0);
+	outbox_require_arg(fcinfo, 1, "id");
+	outbox_require_arg(fcinfo, 2, "lease_token");
+	outbox_require_arg(fcinfo, 3, "lease");
+	id = PG_GETARG_INT64(1);
+	if (!interval_is_positive(PG_GETARG_INTERVAL_P(3)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be positive"),
+				 errhint("Pass how much longer the delivery needs from now, for example '30 seconds'.")));
+
+	values[0] = CStringGetTextDatum(tenant);
+	values[1] = Int64GetDatum(id);
+	values[2] = PG_GETARG_DATUM(2);
+	values[3] = PG_GETARG_DATUM(3);
+
+	idem_spi_connect();
+	plan = outbox_plan(&extend_plan, outbox_extend_sql, 4, argtypes);
+	rc = SPI_execute_plan(plan, values, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox extend failed: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 0)
+		outbox_explain_miss(tenant, id, "outbox_extend", false);
+	/* a timestamptz is passed by value: safe after SPI_finish */
+	until = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+						  &isnull);
+	SPI_finish();
+
+	PG_RETURN_DATUM(until);
+}
+
+/*
+ * The ids and lease_tokens arguments of outbox_ack_many and outbox_nack_many
+ * (arguments 1 and 2): not NULL, one dimension (or empty), the same number
+ * of elements, no NULL element.  Returns the number of elements, and
+ * sets values[1] and values[2] to the (detoasted) arrays.
+ */
+static int
+outbox_batch_args(FunctionCallInfo fcinfo, Datum *values)
+{
+	ArrayType  *ids;
+	ArrayType  *tokens;
+	int			nids;
+	int			ntokens;
+
+	outbox_require_arg(fcinfo, 1, "ids");
+	outbox_require_arg(fcinfo, 2, "lease_tokens");
+	ids = PG_GETARG_ARRAYTYPE_P(1);
+	tokens = PG_GETARG_ARRAYTYPE_P(2);
+	if (ARR_NDIM(ids) > 1 || ARR_NDIM(tokens) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ids and lease_tokens must be one-dimensional arrays"),
+				 errhint("Pass the id and the lease_token of each row, in the same order.")));
+	nids = ArrayGetNItems(ARR_NDIM(ids), ARR_DIMS(ids));
+	ntokens = ArrayGetNItems(ARR_NDIM(tokens), ARR_DIMS(tokens));
+	if (nids != ntokens)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ids and lease_tokens must have the same number of elements"),
+				 errdetail("ids has %d elements, lease_tokens %d.", nids, ntokens),
+				 errhint("Pass the id and the lease_token of each row, in the same order.")));
+	if (array_contains_nulls(ids) || array_contains_nulls(tokens))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("ids and lease_tokens must not contain NULL elements"),
+				 errhint("Pass the id and the lease_token of each row, in the same order.")));
+	values[1] = PointerGetDatum(ids);
+	values[2] = PointerGetDatum(tokens);
+	return nids;
+}
+
+/*
+ * Return the rows of SPI_tuptable as the result set of a set-returning
+ * function in materialize mode.  Called with SPI connected.
+ */
+static Datum
+outbox_return_spi_rows(FunctionCallInfo fcinfo)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	MemoryContext oldcontext;
+	Tuplestorestate *tupstore;
+	TupleDesc	tupdesc;
+	uint64		i;
+
+	oldcontext = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+	tupdesc = CreateTupleDescCopy(SPI_tuptable->tupdesc);
+	tupstore = tuplestore_begin_heap(true, false, work_mem);
+	for (i = 0; i < SPI_processed; i++)
+		tuplestore_puttuple(tupstore, SPI_tuptable->vals[i]);
+	MemoryContextSwitchTo(oldcontext);
+
+	rsinfo->returnMode = SFRM_Materialize;
+	rsinfo->setResult = tupstore;
+	rsinfo->setDesc = tupdesc;
+	return (Datum) 0;
+}
+
+/* Raise 0A000 unless the caller accepts a set in materialize mode. */
+static void
+outbox_require_set_context(FunctionCallInfo fcinfo, const char *name)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+		(rsinfo->allowedModes & SFRM_Materialize) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("%s must be called in a context that accepts a set", name),
+				 errhint("Call it in FROM: SELECT * FROM %s(...).", name)));
+}
+
+/*
+ * outbox_ack_many(tenant text, ids bigint[], lease_tokens uuid[],
+ *				   provider_refs text[]) RETURNS SETOF bigint
+ *
+ * outbox_ack for many rows of one tenant in one statement: ids[i] is
+ * acknowledged with lease_tokens[i] and provider_refs[i] (NULL array: no
+ * provider_ref).  Returns the ids acknowledged, in no particular order; a
+ * row whose fence fails (stale token, done, dead, unknown, another
+ * tenant's) is left unchanged and out of the result.  Errors, nothing
+ * written: 22004 NULL tenant, ids or lease_tokens or a NULL element, 22023
+ * arrays of different lengths.
+ */
+Datum
+outbox_ack_many(PG_FUNCTION_ARGS)
+{
+	char	   *tenant;
+	int			n;
+	Oid			argtypes[4] = {TEXTOID, INT8ARRAYOID, UUIDARRAYOID, TEXTARRAYOID};
+	Datum		values[4];
+	char		nulls[4] = {' ', ' ', ' ', 'n'};
+	SPIPlanPtr	plan;
+	int			rc;
+
+	outbox_require_set_context(fcinfo, "outbox_ack_many");
+	tenant = outbox_tenant_arg(fcinfo, 0);
+	n = outbox_batch_args(fcinfo, values);
+	if (!PG_ARGISNULL(3))
+	{
+		ArrayType  *refs = PG_GETARG_ARRAYTYPE_P(3);
+
+		if (ARR_NDIM(refs) > 1 ||
+			ArrayGetNItems(ARR_NDIM(refs), ARR_DIMS(refs)) != n)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("provider_refs must have one element per id"),
+					 errdetail("ids has %d elements, provider_refs %d.", n,
+							   ArrayGetNItems(ARR_NDIM(refs), ARR_DIMS(refs))),
+					 errhint("Pass NULL for no provider_ref, or one element (possibly NULL) per id.")));
+		values[3] = PointerGetDatum(refs);
+		nulls[3] = ' ';
+	}
+
+	values[0] = CStringGetTextDatum(tenant);
+
+	idem_spi_connect();
+	plan = outbox_plan(&ack_many_plan, outbox_ack_many_sql, 4, argtypes);
+	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox ack failed: %s", SPI_result_code_string(rc));
+	outbox_return_spi_rows(fcinfo);
+	SPI_finish();
+
+	return (Datum) 0;
+}
+
+/*
+ * outbox_nack_many(tenant text, ids bigint[], lease_tokens uuid[],
+ *					error text, retry_in interval)
+ *		RETURNS TABLE (id bigint, status idempotency.outbox_status)
+ *
+ * outbox_nack for many rows of one tenant in one statement, each with its
+ * own jitter when retry_in is NULL.  Returns each row reported and its new
+ * status (pending or dead), in no particular order; rows whose fence fails
+ * are left out, as in outbox_ack_many.  Errors, nothing written: as
+ * outbox_ack_many, plus 22023 for a negative retry_in.
+ */
+Datum
+outbox_nack_many(PG_FUNCTION_ARGS)
+{
+	char	   *tenant;
+	int			n;
+	int			i;
+	Oid			argtypes[6] = {TEXTOID, INT8ARRAYOID, UUIDARRAYOID, TEXTOID,
+	INTERVALOID, FLOAT8ARRAYOID};
+	Datum		values[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	Datum	   *jitters;
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	SPIPlanPtr	plan;
+	int			rc;
+
+	outbox_require_set_context(fcinfo, "outbox_nack_many");
+	tenant = outbox_tenant_arg(fcinfo, 0);
+	n = outbox_batch_args(fcinfo, values);
+	if (!PG_ARGISNULL(4) && interval_is_negative(PG_GETARG_INTERVAL_P(4)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("retry_in must not be negative"),
+				 errhint("Pass '0' to retry at once, or NULL for exponential backoff.")));
+
+	/* one jitter per row, uniform in [0.5, 1.0), as outbox_nack's */
+	jitters = palloc(sizeof(Datum) * Max(n, 1));
+	for (i = 0; i < n; i++)
+		jitters[i] = Float8GetDatum(0.5 + 0.5 * pg_prng_double(&pg_global_prng_state));
+
+	values[0] = CStringGetTextDatum(tenant);
+	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
+	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
+	values[4] = PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4);
+	nulls[4] = PG_ARGISNULL(4) ? 'n' : ' ';
+	get_typlenbyvalalign(FLOAT8OID, &typlen, &typbyval, &typalign);
+	values[5] = PointerGetDatum(construct_array(jitters, n, FLOAT8OID,
+												typlen, typbyval, typalign));
+
+	idem_spi_connect();
+	plan = outbox_plan(&nack_many_plan, outbox_nack_many_sql, 6, argtypes);
+	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox nack failed: %s", SPI_result_code_string(rc));
+	outbox_return_spi_rows(fcinfo);
+	SPI_finish();
+
+	return (Datum) 0;
 }

@@ -141,6 +141,8 @@ CREATE TABLE idempotency.outbox (
     provider_ref text,
     created_at   timestamptz NOT NULL DEFAULT pg_catalog.now(),
     done_at      timestamptz,
+    dedup_key    text,
+    ordering_key text,
     CONSTRAINT outbox_pkey PRIMARY KEY (tenant_id, id),
     CONSTRAINT outbox_max_attempts_positive CHECK (max_attempts > 0)
 ) WITH (fillfactor = 80,

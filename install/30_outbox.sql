@@ -10,6 +10,21 @@
 CREATE INDEX outbox_claim_idx ON idempotency.outbox (available_at)
     WHERE status IN ('pending', 'leased');
 
+/*
+ * Deduplicated enqueue: one row per tenant, topic and dedup_key, for as
+ * long as the row exists.  outbox.c's ON CONFLICT names this predicate.
+ */
+CREATE UNIQUE INDEX outbox_dedup_idx ON idempotency.outbox (tenant_id, topic, dedup_key)
+    WHERE dedup_key IS NOT NULL;
+
+/*
+ * Ordered delivery: the rows of a tenant and ordering key not yet
+ * finished, by id.  The claim asks it whether a row has an unfinished
+ * predecessor; outbox.c repeats this status list verbatim.
+ */
+CREATE INDEX outbox_ordering_idx ON idempotency.outbox (tenant_id, ordering_key, id)
+    WHERE status IN ('pending', 'leased', 'dead') AND ordering_key IS NOT NULL;
+
 /* Dead letters are few; this keeps listing and counting them cheap. */
 CREATE INDEX outbox_dead_idx ON idempotency.outbox (tenant_id, id)
     WHERE status = 'dead';
@@ -31,13 +46,15 @@ CREATE FUNCTION outbox_enqueue(tenant text, topic text, payload jsonb,
                                scope text DEFAULT NULL,
                                headers jsonb DEFAULT NULL,
                                deliver_after interval DEFAULT '0',
-                               max_attempts int DEFAULT NULL)
+                               max_attempts int DEFAULT NULL,
+                               dedup_key text DEFAULT NULL,
+                               ordering_key text DEFAULT NULL)
     RETURNS bigint
     AS 'MODULE_PATHNAME', 'outbox_enqueue'
     LANGUAGE C VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp;
 
-COMMENT ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int) IS
+COMMENT ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text) IS
     'queue a side effect in the current transaction; NOTIFY idempotency_outbox on commit';
 
 CREATE FUNCTION outbox_claim(worker text, batch int DEFAULT 10,
@@ -81,17 +98,55 @@ CREATE FUNCTION outbox_requeue(tenant text, id bigint)
 COMMENT ON FUNCTION outbox_requeue(text, bigint) IS
     'return a dead letter to the queue (operators only)';
 
-REVOKE ALL ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int),
+CREATE FUNCTION outbox_extend(tenant text, id bigint, lease_token uuid,
+                              lease interval DEFAULT '30 seconds')
+    RETURNS timestamptz
+    AS 'MODULE_PATHNAME', 'outbox_extend'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox_extend(text, bigint, uuid, interval) IS
+    'heartbeat: extend the lease of a row still leased under lease_token to now + lease';
+
+REVOKE ALL ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text),
     outbox_claim(text, int, interval, text[], text),
     outbox_ack(text, bigint, uuid, text),
     outbox_nack(text, bigint, uuid, text, interval),
     outbox_requeue(text, bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int)
+GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text)
     TO idempotency_app;
 GRANT EXECUTE ON FUNCTION outbox_claim(text, int, interval, text[], text),
     outbox_ack(text, bigint, uuid, text),
     outbox_nack(text, bigint, uuid, text, interval) TO idempotency_worker;
 GRANT EXECUTE ON FUNCTION outbox_requeue(text, bigint) TO idempotency_admin;
+REVOKE ALL ON FUNCTION outbox_extend(text, bigint, uuid, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox_extend(text, bigint, uuid, interval)
+    TO idempotency_worker;
+
+CREATE FUNCTION outbox_ack_many(tenant text, ids bigint[], lease_tokens uuid[],
+                                provider_refs text[] DEFAULT NULL)
+    RETURNS SETOF bigint
+    AS 'MODULE_PATHNAME', 'outbox_ack_many'
+    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox_ack_many(text, bigint[], uuid[], text[]) IS
+    'outbox_ack for many rows in one statement; returns the ids acknowledged';
+
+CREATE FUNCTION outbox_nack_many(tenant text, ids bigint[], lease_tokens uuid[],
+                                 error text, retry_in interval DEFAULT NULL)
+    RETURNS TABLE (id bigint, status idempotency.outbox_status)
+    AS 'MODULE_PATHNAME', 'outbox_nack_many'
+    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox_nack_many(text, bigint[], uuid[], text, interval) IS
+    'outbox_nack for many rows in one statement; returns each row reported and its new status';
+
+REVOKE ALL ON FUNCTION outbox_ack_many(text, bigint[], uuid[], text[]),
+    outbox_nack_many(text, bigint[], uuid[], text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox_ack_many(text, bigint[], uuid[], text[]),
+    outbox_nack_many(text, bigint[], uuid[], text, interval) TO idempotency_worker;
 GRANT SELECT ON idempotency.dead_letters TO idempotency_admin;
 
 /*

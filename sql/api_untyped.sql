@@ -10,7 +10,7 @@ SELECT scope, ttl, retryable_codes FROM idem_configure_scope('untyped', '{"ttl":
 
 BEGIN;
 SELECT outcome FROM idem_reserve('ut', 'untyped', 'k1', '{"amount": 1}');
-SELECT outbox_enqueue('ut', 'topic', '{"amount": 1}', 'k1', 'untyped', '{"h": 1}', '0', '3') IS NOT NULL AS enqueued;
+SELECT outbox_enqueue('ut', 'topic', '{"amount": 1}', 'k1', 'untyped', '{"h": 1}', '0', '3', 'dedup-1', 'ord-1') IS NOT NULL AS enqueued;
 SELECT idem_complete('ut', 'untyped', 'k1', '201', '{"id": 1}', '{"Location": "/1"}');
 COMMIT;
 SELECT outcome, response_code FROM idem_reserve('ut', 'untyped', 'k1', '{"amount": 1}', '1 day', '0');
@@ -34,7 +34,10 @@ SELECT outcome, response_code FROM idem_execute('ut', 'untyped', 'k6', '{"a": 1}
 SELECT id AS id1, lease_token AS t1 FROM outbox_claim('w', '1', '1 minute', '{topic}', 'ut') \gset
 SELECT outbox_nack('ut', :'id1', :'t1', 'failed', '0');
 SELECT id AS id2, lease_token AS t2 FROM outbox_claim('w', '1', '1 minute') \gset
+SELECT outbox_extend('ut', :'id2', :'t2', '1 minute') > now() AS extended;
 SELECT outbox_ack('ut', :'id2', :'t2', 'ref');
+SELECT count(*) FROM outbox_ack_many('ut', '{1,2}', '{00000000-0000-0000-0000-000000000000,00000000-0000-0000-0000-000000000001}', '{a,b}');
+SELECT count(*) FROM outbox_nack_many('ut', '{1}', '{00000000-0000-0000-0000-000000000000}', 'failed', '1 minute');
 SELECT idem_reap('10') >= 0 AS reaped, idem_sweep('1 hour') >= 0 AS swept,
        idem_reclaim_leases() >= 0 AS reclaimed, idem_purge_outbox('10') >= 0 AS purged;
 CREATE ROLE untyped_role;

@@ -21,6 +21,9 @@ DB=bench_outbox
 SECS=${OUTBOX_BENCH_SECS:-10}
 PREFILL=${OUTBOX_BENCH_PREFILL:-60000}
 ENQ_CLIENTS=${OUTBOX_BENCH_ENQ_CLIENTS:-4}
+BATCH_PREFILL=${OUTBOX_BENCH_BATCH_PREFILL:-600000}
+# OUTBOX_BENCH_ONLY=features runs sections 3 and 4 only
+ONLY=${OUTBOX_BENCH_ONLY:-all}
 
 dropdb --if-exists "$DB" 2>/dev/null
 createdb "$DB"
@@ -46,14 +49,18 @@ prep_enqueue() {
          -c "CHECKPOINT" >/dev/null
 }
 
-# fill the queue table $1 with PREFILL due rows, vacuumed and analysed
+# fill the queue table $1 with $2 (default PREFILL) due rows, vacuumed and
+# analysed; $3 is the ordering_key of row g (default none), $4 its tenant
 prep_queue() {
+    local rows=${2:-$PREFILL} okey=${3:-NULL} tenant=${4:-"'t' || (g % 10)"}
     psql -X -q -v ON_ERROR_STOP=1 -d "$DB" >/dev/null <<SQL
 TRUNCATE plain_outbox, idempotency.outbox;
-INSERT INTO $1 (tenant_id, topic, payload, idem_scope, idem_key, max_attempts, available_at)
-SELECT 't' || (g % 10), 'payment.capture', jsonb_build_object('order', g, 'amount', 4500),
-       'payments', 'order-' || g, 10, now() - interval '1 hour' + g * interval '1 millisecond'
-  FROM generate_series(1, $PREFILL) g;
+INSERT INTO $1 (tenant_id, topic, payload, idem_scope, idem_key, max_attempts, available_at,
+                ordering_key)
+SELECT $tenant, 'payment.capture', jsonb_build_object('order', g, 'amount', 4500),
+       'payments', 'order-' || g, 10, now() - interval '1 hour' + g * interval '1 millisecond',
+       $okey
+  FROM generate_series(1, $rows) g;
 VACUUM ANALYZE $1;
 CHECKPOINT;
 SQL
@@ -76,6 +83,8 @@ measure() {
         case $table in
             enqueue) prep_enqueue on ;;
             enqueue-no-notify) prep_enqueue off ;;
+            ordered) prep_queue idempotency.outbox "$PREFILL" "'k' || (g % 1000)" ;;
+            batch) prep_queue idempotency.outbox "$BATCH_PREFILL" NULL "'t0'" ;;
             *) prep_queue "$table" ;;
         esac
         runs+=("$(tps "$script" "$clients")")
@@ -96,6 +105,7 @@ measure() {
 }
 
 echo "outbox: ${SECS}s per run, every side twice (A B C C B A); $PREFILL rows queued before each claim run"
+if [ "$ONLY" = all ]; then
 measure "enqueue in a new-request transaction, $ENQ_CLIENTS clients" "$ENQ_CLIENTS" \
     enqueue:enqueue_extension.sql enqueue:enqueue_plain.sql \
     enqueue-no-notify:enqueue_extension.sql
@@ -104,5 +114,21 @@ for w in 1 2 4; do
         idempotency.outbox:claim_ack_extension.sql \
         plain_outbox:claim_ack_plain.sql \
         plain_outbox:claim_ack_plain_onestmt.sql
+done
+fi
+# 3. ordered delivery: the same rounds over rows spread on 1,000 ordering
+#    keys, against the same rows without keys
+for w in 1 4; do
+    measure "claim + ack, $w worker(s): 1,000 ordering keys / none" "$w" \
+        ordered:claim_ack_extension.sql \
+        idempotency.outbox:claim_ack_extension.sql
+done
+# 4. batches of 100 rows of one tenant: claim, then one outbox_ack_many,
+#    against claim, then an outbox_ack per row (server-side, one statement);
+#    a transaction is a batch: msgs/s = tps x 100
+for w in 1 2; do
+    measure "batch of 100, $w worker(s): outbox_ack_many / 100 outbox_ack" "$w" \
+        batch:claim_ack_many_extension.sql \
+        batch:claim_ack_each_extension.sql
 done
 dropdb "$DB"

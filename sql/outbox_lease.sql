@@ -1,0 +1,69 @@
+-- outbox_extend: a heartbeat that moves the end of a lease, fenced like ack
+-- (tenant obx_l, topics obx.*; everything is removed at the end)
+
+CREATE FUNCTION pg_temp.outbox_error(q text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    st text; msg text; hint text;
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+                            hint = PG_EXCEPTION_HINT;
+    RETURN st || ': ' || msg || ' / hint: ' || hint;
+END $$;
+
+SELECT outbox_enqueue('obx_l', 'obx.lease', '{"n": 1}') AS id1 \gset
+SELECT id, lease_token AS tok1 FROM outbox_claim('w1', 1, '10 seconds', tenant => 'obx_l') \gset
+
+-- the holder extends: lease_until and available_at move to now + lease,
+-- and the row stays leased to it with the same token
+SELECT outbox_extend('obx_l', :id1, :'tok1', '1 hour') AS until \gset
+SELECT status, leased_by, lease_token = :'tok1' AS same_token,
+       lease_until = :'until' AS until_returned,
+       available_at = lease_until AS available_at_follows,
+       lease_until BETWEEN now() + interval '59 minutes' AND now() + interval '61 minutes' AS one_hour
+  FROM idempotency.outbox WHERE tenant_id = 'obx_l' AND id = :id1;
+-- the default lease is 30 seconds; a shorter extension shortens the lease
+SELECT outbox_extend('obx_l', :id1, :'tok1') - now() AS default_lease;
+-- an extended row is not due: nobody else can claim it
+SELECT count(*) AS claimed_by_other FROM outbox_claim('w2', 10, tenant => 'obx_l');
+
+-- a lease that ran out but was not claimed again can still be extended
+UPDATE idempotency.outbox SET lease_until = now() - interval '1 second',
+       available_at = now() - interval '1 second'
+ WHERE tenant_id = 'obx_l' AND id = :id1;
+SELECT outbox_extend('obx_l', :id1, :'tok1', '1 minute') > now() AS extended_after_expiry;
+
+-- fencing: once the lease expired and another worker claimed the row, the
+-- old token extends nothing (55006), and the new holder's lease is intact
+UPDATE idempotency.outbox SET lease_until = now() - interval '1 second',
+       available_at = now() - interval '1 second'
+ WHERE tenant_id = 'obx_l' AND id = :id1;
+SELECT lease_token AS tok2 FROM outbox_claim('w2', 1, '5 minutes', tenant => 'obx_l') \gset
+SELECT pg_temp.outbox_error(format('SELECT outbox_extend(%L, %s, %L, %L)', 'obx_l', :id1, :'tok1', '1 hour'));
+SELECT leased_by, lease_token = :'tok2' AS new_token,
+       lease_until < now() + interval '6 minutes' AS new_lease_kept
+  FROM idempotency.outbox WHERE tenant_id = 'obx_l' AND id = :id1;
+
+-- done and dead rows cannot be extended (55000), unknown rows and other
+-- tenants' rows are missing (P0002)
+SELECT outbox_ack('obx_l', :id1, :'tok2');
+SELECT pg_temp.outbox_error(format('SELECT outbox_extend(%L, %s, %L)', 'obx_l', :id1, :'tok2'));
+SELECT outbox_enqueue('obx_l', 'obx.lease', '{"n": 2}', max_attempts => 1) AS id2 \gset
+SELECT lease_token AS tok3 FROM outbox_claim('w1', 1, tenant => 'obx_l') \gset
+SELECT outbox_nack('obx_l', :id2, :'tok3', 'failed');
+SELECT pg_temp.outbox_error(format('SELECT outbox_extend(%L, %s, %L)', 'obx_l', :id2, :'tok3'));
+SELECT pg_temp.outbox_error(format('SELECT outbox_extend(%L, %s, %L)', 'obx_other', :id2, :'tok3'));
+SELECT pg_temp.outbox_error(format('SELECT outbox_extend(%L, %s, %L)', 'obx_l', -1, :'tok3'));
+
+-- bad input raises before anything is written
+SELECT pg_temp.outbox_error('SELECT outbox_extend(NULL, 1, gen_random_uuid())');
+SELECT pg_temp.outbox_error('SELECT outbox_extend(''obx_l'', NULL, gen_random_uuid())');
+SELECT pg_temp.outbox_error('SELECT outbox_extend(''obx_l'', 1, NULL)');
+SELECT pg_temp.outbox_error('SELECT outbox_extend(''obx_l'', 1, gen_random_uuid(), NULL)');
+SELECT pg_temp.outbox_error('SELECT outbox_extend(''obx_l'', 1, gen_random_uuid(), ''0 seconds'')');
+SELECT pg_temp.outbox_error('SELECT outbox_extend(''obx_l'', 1, gen_random_uuid(), ''-1 minute'')');
+
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_l';

@@ -1,0 +1,106 @@
+-- ordered delivery: rows of one tenant with the same ordering_key are
+-- delivered one at a time, in enqueue order; a nacked or dead row holds
+-- back its successors (tenants obx_o and obx_o2; removed at the end)
+
+CREATE FUNCTION pg_temp.outbox_error(q text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    st text; msg text; hint text;
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+                            hint = PG_EXCEPTION_HINT;
+    RETURN st || ': ' || msg || ' / hint: ' || hint;
+END $$;
+
+-- claim everything due for obx_o; show what was leased, by payload
+CREATE FUNCTION pg_temp.claim() RETURNS text
+LANGUAGE sql AS $$
+    SELECT coalesce(string_agg(payload->>'m', ' ' ORDER BY id), '-')
+      FROM outbox_claim('w', 100, '1 minute', tenant => 'obx_o')
+$$;
+-- ack a leased row by payload
+CREATE FUNCTION pg_temp.ack(m text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT outbox_ack(tenant_id, id, lease_token) FROM idempotency.outbox
+     WHERE tenant_id = 'obx_o' AND payload->>'m' = m
+$$;
+
+SELECT count(outbox_enqueue('obx_o', 'obx.ord', jsonb_build_object('m', m), ordering_key => k))
+  FROM (VALUES ('a1', 'A'), ('b1', 'B'), ('a2', 'A'), ('a3', 'A'), ('b2', 'B')) v(m, k);
+SELECT outbox_enqueue('obx_o', 'obx.ord', '{"m": "u1"}') IS NOT NULL AS unordered;
+-- the same key in another tenant is another sequence
+SELECT outbox_enqueue('obx_o2', 'obx.ord', '{"m": "other"}', ordering_key => 'A') IS NOT NULL AS other_tenant;
+
+-- one row per key at a time: the heads of A and B, and the unordered row
+SELECT pg_temp.claim() AS first_claim;
+SELECT pg_temp.claim() AS while_heads_leased;
+SELECT count(*) AS other_tenant_claimed FROM outbox_claim('w', 10, tenant => 'obx_o2');
+-- acking a head releases its successor
+SELECT pg_temp.ack('a1');
+SELECT pg_temp.claim() AS after_ack_a1;
+
+-- a nacked row holds back its successors until it is delivered
+SELECT outbox_nack(tenant_id, id, lease_token, 'HTTP 503', '1 hour') FROM idempotency.outbox
+ WHERE tenant_id = 'obx_o' AND payload->>'m' = 'a2';
+SELECT pg_temp.claim() AS while_a2_waits_for_retry;
+UPDATE idempotency.outbox SET available_at = now() WHERE tenant_id = 'obx_o' AND payload->>'m' = 'a2';
+SELECT pg_temp.claim() AS a2_retried;
+SELECT pg_temp.ack('a2');
+SELECT pg_temp.claim() AS after_ack_a2;
+
+-- a lease that expires is reclaimed for the head, not passed to the next
+SELECT outbox_enqueue('obx_o', 'obx.ord', '{"m": "a4"}', ordering_key => 'A') IS NOT NULL AS a4;
+UPDATE idempotency.outbox SET available_at = now() - interval '1 second',
+       lease_until = now() - interval '1 second'
+ WHERE tenant_id = 'obx_o' AND payload->>'m' = 'a3';
+SELECT pg_temp.claim() AS a3_reclaimed;
+SELECT attempts FROM idempotency.outbox WHERE tenant_id = 'obx_o' AND payload->>'m' = 'a3';
+
+-- a dead row holds back its successors until it is requeued and delivered
+UPDATE idempotency.outbox SET max_attempts = attempts + 1 WHERE tenant_id = 'obx_o' AND payload->>'m' = 'a3';
+SELECT outbox_nack(tenant_id, id, lease_token, 'HTTP 400') FROM idempotency.outbox
+ WHERE tenant_id = 'obx_o' AND payload->>'m' = 'a3';
+SELECT pg_temp.claim() AS while_a3_dead;
+SELECT outbox_requeue('obx_o', id) FROM idempotency.outbox WHERE tenant_id = 'obx_o' AND payload->>'m' = 'a3';
+SELECT pg_temp.claim() AS a3_requeued;
+SELECT pg_temp.ack('a3');
+SELECT pg_temp.claim() AS after_ack_a3;
+-- ... or until an operator deletes it
+SELECT pg_temp.ack('b1');
+SELECT outbox_enqueue('obx_o', 'obx.ord', '{"m": "b3"}', ordering_key => 'B') IS NOT NULL AS b3;
+SELECT pg_temp.claim() AS b2;
+UPDATE idempotency.outbox SET max_attempts = 1 WHERE tenant_id = 'obx_o' AND payload->>'m' = 'b2';
+SELECT outbox_nack(tenant_id, id, lease_token, 'HTTP 400') FROM idempotency.outbox
+ WHERE tenant_id = 'obx_o' AND payload->>'m' = 'b2';
+SELECT pg_temp.claim() AS while_b2_dead;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_o' AND payload->>'m' = 'b2';
+SELECT pg_temp.claim() AS after_b2_deleted;
+
+-- the order is the order of enqueue, not of deliver_after: a row due later
+-- holds back the ones behind it
+SELECT outbox_enqueue('obx_o', 'obx.ord', '{"m": "c1"}', ordering_key => 'C', deliver_after => '1 hour') IS NOT NULL AS c1;
+SELECT outbox_enqueue('obx_o', 'obx.ord', '{"m": "c2"}', ordering_key => 'C') IS NOT NULL AS c2;
+SELECT pg_temp.claim() AS while_c1_not_due;
+
+SELECT payload->>'m' AS m, ordering_key, status FROM idempotency.outbox
+ WHERE tenant_id IN ('obx_o', 'obx_o2') ORDER BY id;
+
+-- the claim asks outbox_ordering_idx whether a row has an unfinished
+-- predecessor
+SET enable_seqscan = off;
+SELECT count(*) AS unfinished_before FROM idempotency.outbox p
+ WHERE p.tenant_id = 'obx_o' AND p.ordering_key = 'C' AND p.id < 9223372036854775807
+   AND p.status IN ('pending', 'leased', 'dead');
+EXPLAIN (COSTS OFF) SELECT FROM idempotency.outbox p
+ WHERE p.tenant_id = 'obx_o' AND p.ordering_key = 'C' AND p.id < 9223372036854775807
+   AND p.status IN ('pending', 'leased', 'dead');
+RESET enable_seqscan;
+
+-- bad input raises before anything is written
+SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_o'', ''obx.ord'', ''{}'', ordering_key => '''')');
+SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_o'', ''obx.ord'', ''{}'', ordering_key => repeat(''x'', 256))');
+
+DELETE FROM idempotency.outbox WHERE tenant_id IN ('obx_o', 'obx_o2');
