@@ -81,13 +81,16 @@ else
     src=$(find "$build" -maxdepth 1 -type d -name "postgresql-$PG-*" | head -n 1)
     version=$(changelog_version "$src")
     echo "server: building postgresql-$PG $version (log: $log)"
-    # pgcrypto is the regression suite's independent SHA-256 oracle
+    # pgcrypto is the regression suite's independent SHA-256 oracle;
+    # test_decoding shows the outbox's logical messages (t/042)
     run env -C "$src" ./configure --prefix="$PG_PREFIX" --enable-cassert \
         --enable-debug --enable-tap-tests --with-openssl --without-llvm
     run make -C "$src" -j"$jobs"
     run make -C "$src/contrib/pgcrypto" -j"$jobs"
+    run make -C "$src/contrib/test_decoding" -j"$jobs"
     run make -C "$src" install
     run make -C "$src/contrib/pgcrypto" install
+    run make -C "$src/contrib/test_decoding" install
     chmod -R a+rX "$PG_PREFIX"
     echo "postgresql-$PG $version (Debian $PG_SUITE, assertions enabled)" >"$PG_PREFIX/.complete"
     rm -rf "$build"
