@@ -42,15 +42,6 @@
 PG_MODULE_MAGIC;
 
 char	   *idem_session_tenant = NULL;
-int			idem_default_ttl = 24 * 60 * 60;
-int			idem_default_lock_timeout = 5 * 60;
-int			idem_max_request_size = 1024 * 1024;
-int			idem_max_response_size = 1024 * 1024;
-int			idem_max_payload_size = 1024 * 1024;
-int			idem_outbox_max_attempts = 10;
-int			idem_outbox_retention = 7 * 24 * 60 * 60;
-int			idem_stats_max_entries = 1000;
-bool		idem_outbox_notify = true;
 bool		idem_loaded_at_startup = false;
 
 void		_PG_init(void);
@@ -476,104 +467,11 @@ _PG_init(void)
 							   0,
 							   NULL, NULL, NULL);
 
-	DefineCustomIntVariable("idempotency.default_ttl",
-							gettext_noop("How long a key is kept when its scope sets no ttl."),
-							NULL,
-							&idem_default_ttl,
-							24 * 60 * 60, 1, INT_MAX,
-							PGC_USERSET,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("idempotency.default_lock_timeout",
-							gettext_noop("Age after which a processing reservation is stale when its scope sets no lock_timeout."),
-							NULL,
-							&idem_default_lock_timeout,
-							5 * 60, 1, INT_MAX,
-							PGC_USERSET,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("idempotency.max_request_size",
-							gettext_noop("Largest request body idem_reserve accepts."),
-							NULL,
-							&idem_max_request_size,
-							1024 * 1024, 1, INT_MAX,
-							PGC_USERSET,
-							GUC_UNIT_BYTE,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("idempotency.max_response_size",
-							gettext_noop("Largest stored response (body plus headers) idem_complete accepts."),
-							NULL,
-							&idem_max_response_size,
-							1024 * 1024, 1, INT_MAX,
-							PGC_USERSET,
-							GUC_UNIT_BYTE,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("idempotency.max_payload_size",
-							gettext_noop("Largest outbox payload (plus headers) outbox_enqueue accepts."),
-							NULL,
-							&idem_max_payload_size,
-							1024 * 1024, 1, INT_MAX,
-							PGC_USERSET,
-							GUC_UNIT_BYTE,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("idempotency.outbox_max_attempts",
-							gettext_noop("Delivery attempts before an outbox row is dead-lettered, unless the row sets its own."),
-							NULL,
-							&idem_outbox_max_attempts,
-							10, 1, 1000000,
-							PGC_USERSET,
-							0,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("idempotency.outbox_retention",
-							gettext_noop("How long delivered outbox rows are kept before idem_maintain purges them."),
-							NULL,
-							&idem_outbox_retention,
-							7 * 24 * 60 * 60, 0, INT_MAX,
-							PGC_SUSET,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	/* outbox.c */
-	DefineCustomBoolVariable("idempotency.outbox_notify",
-							 gettext_noop("Whether outbox_enqueue and outbox_requeue send NOTIFY idempotency_outbox at commit."),
-							 gettext_noop("Turn it off when workers only poll: PostgreSQL serializes the commits of transactions that notify."),
-							 &idem_outbox_notify,
-							 true,
-							 PGC_USERSET,
-							 0,
-							 NULL, NULL, NULL);
-	DefineCustomBoolVariable("idempotency.outbox_emit_messages",
-							 gettext_noop("Whether outbox_enqueue also writes each row to the WAL as a logical decoding message."),
-							 gettext_noop("Prefix \"idempotency.outbox\", transactional: relays reading a logical replication slot get outbox rows in commit order."),
-							 &idem_outbox_emit_messages,
-							 false,
-							 PGC_USERSET,
-							 0,
-							 NULL, NULL, NULL);
-
-	/*
-	 * A PGC_POSTMASTER variable can only be created while the server starts
-	 * (a backend loading the library later gets a FATAL error); it only
-	 * sizes the shared memory that exists in that case anyway.
-	 */
-	if (process_shared_preload_libraries_in_progress)
-		DefineCustomIntVariable("idempotency.stats_max_entries",
-								gettext_noop("Number of (tenant, scope) pairs whose counters are kept in shared memory."),
-								gettext_noop("When the table is full, the least used pairs are evicted and their counts added to tenant and scope \"(other)\"."),
-								&idem_stats_max_entries,
-								1000, 16, 1000000,
-								PGC_POSTMASTER,
-								0,
-								NULL, NULL, NULL);
-
-	MarkGUCPrefixReserved("idempotency");
-
+	/* each module defines its own parameters and shared memory */
+	idem_keys_init();
+	idem_outbox_init();
 	idem_stats_init();
 	idem_rate_init();
+
+	MarkGUCPrefixReserved("idempotency");
 }

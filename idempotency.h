@@ -176,4 +176,8 @@ extern void idem_stats_count(const char *tenant, const char *scope,
 /* Module initialisation, called from _PG_init. */
 extern void idem_stats_init(void);
 
+/* Parameters of the other modules, defined by each from _PG_init. */
+extern void idem_keys_init(void);
+extern void idem_outbox_init(void);
+
 #endif							/* IDEMPOTENCY_H */

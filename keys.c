@@ -71,6 +71,7 @@
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/jsonb.h"
@@ -282,6 +283,11 @@ static SPIPlanPtr plan_scope = NULL;
 static SPIPlanPtr plan_scope_10 = NULL;	/* before ALTER EXTENSION UPDATE */
 static SPIPlanPtr plan_lookup = NULL;
 
+int			idem_default_ttl = 24 * 60 * 60;
+int			idem_default_lock_timeout = 5 * 60;
+int			idem_max_request_size = 1024 * 1024;
+int			idem_max_response_size = 1024 * 1024;
+
 PG_FUNCTION_INFO_V1(idem_reserve);
 PG_FUNCTION_INFO_V1(idem_reserve_request);
 PG_FUNCTION_INFO_V1(idem_reserve_fingerprint);
@@ -291,6 +297,51 @@ PG_FUNCTION_INFO_V1(idem_release);
 PG_FUNCTION_INFO_V1(idem_resolve);
 PG_FUNCTION_INFO_V1(idem_lookup);
 PG_FUNCTION_INFO_V1(idem_scopes_changed);
+
+/*
+ * idem_keys_init
+ *		Called from _PG_init: the parameters of the key lifecycle.
+ */
+void
+idem_keys_init(void)
+{
+	DefineCustomIntVariable("idempotency.default_ttl",
+							gettext_noop("How long a key is kept when its scope sets no ttl."),
+							NULL,
+							&idem_default_ttl,
+							24 * 60 * 60, 1, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.default_lock_timeout",
+							gettext_noop("Age after which a processing reservation is stale when its scope sets no lock_timeout."),
+							NULL,
+							&idem_default_lock_timeout,
+							5 * 60, 1, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_request_size",
+							gettext_noop("Largest request body idem_reserve accepts."),
+							NULL,
+							&idem_max_request_size,
+							1024 * 1024, 1, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_response_size",
+							gettext_noop("Largest stored response (body plus headers) idem_complete accepts."),
+							NULL,
+							&idem_max_response_size,
+							1024 * 1024, 1, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+}
+
 
 /* ----------------------------------------------------------------
  * Catalog cache

@@ -47,6 +47,8 @@
  */
 #include "postgres.h"
 
+#include <limits.h>
+
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
@@ -61,6 +63,7 @@
 #include "replication/message.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
@@ -76,6 +79,10 @@
  * prefix (see outbox_emit_message).
  */
 bool		idem_outbox_emit_messages = false;
+bool		idem_outbox_notify = true;
+int			idem_max_payload_size = 1024 * 1024;
+int			idem_outbox_max_attempts = 10;
+int			idem_outbox_retention = 7 * 24 * 60 * 60;
 
 #define OUTBOX_MESSAGE_PREFIX "idempotency.outbox"
 
@@ -107,6 +114,59 @@ PG_FUNCTION_INFO_V1(outbox_requeue);
 PG_FUNCTION_INFO_V1(outbox_extend);
 PG_FUNCTION_INFO_V1(outbox_ack_many);
 PG_FUNCTION_INFO_V1(outbox_nack_many);
+
+/*
+ * idem_outbox_init
+ *		Called from _PG_init: the outbox's parameters (idempotency.
+ *		outbox_retention is read by the purge in maintenance.c).
+ */
+void
+idem_outbox_init(void)
+{
+	DefineCustomIntVariable("idempotency.max_payload_size",
+							gettext_noop("Largest outbox payload (plus headers) outbox_enqueue accepts."),
+							NULL,
+							&idem_max_payload_size,
+							1024 * 1024, 1, INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.outbox_max_attempts",
+							gettext_noop("Delivery attempts before an outbox row is dead-lettered, unless the row sets its own."),
+							NULL,
+							&idem_outbox_max_attempts,
+							10, 1, 1000000,
+							PGC_USERSET,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.outbox_retention",
+							gettext_noop("How long delivered outbox rows are kept before idem_maintain purges them."),
+							NULL,
+							&idem_outbox_retention,
+							7 * 24 * 60 * 60, 0, INT_MAX,
+							PGC_SUSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("idempotency.outbox_notify",
+							 gettext_noop("Whether outbox_enqueue and outbox_requeue send NOTIFY idempotency_outbox at commit."),
+							 gettext_noop("Turn it off when workers only poll: PostgreSQL serializes the commits of transactions that notify."),
+							 &idem_outbox_notify,
+							 true,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
+	DefineCustomBoolVariable("idempotency.outbox_emit_messages",
+							 gettext_noop("Whether outbox_enqueue also writes each row to the WAL as a logical decoding message."),
+							 gettext_noop("Prefix \"idempotency.outbox\", transactional: relays reading a logical replication slot get outbox rows in commit order."),
+							 &idem_outbox_emit_messages,
+							 false,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
+}
 
 /* ----------------------------------------------------------------
  * Statements

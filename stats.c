@@ -75,6 +75,7 @@
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -185,6 +186,8 @@ static void idem_stats_forget_database(Oid dbid);
 static bool idem_stats_clean_shutdown(void);
 static void idem_stats_load(void);
 
+int			idem_stats_max_entries = 1000;
+
 PG_FUNCTION_INFO_V1(idem_stats);
 PG_FUNCTION_INFO_V1(idem_stats_reset);
 
@@ -199,6 +202,20 @@ idem_stats_init(void)
 {
 	if (!process_shared_preload_libraries_in_progress)
 		return;
+
+	/*
+	 * A PGC_POSTMASTER variable can only be created while the server starts
+	 * (a backend loading the library later gets a FATAL error); it only
+	 * sizes the shared memory that exists in that case anyway.
+	 */
+	DefineCustomIntVariable("idempotency.stats_max_entries",
+							gettext_noop("Number of (tenant, scope) pairs whose counters are kept in shared memory."),
+							gettext_noop("When the table is full, the least used pairs are evicted and their counts added to tenant and scope \"(other)\"."),
+							&idem_stats_max_entries,
+							1000, 16, 1000000,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
 
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = idem_stats_shmem_request;
