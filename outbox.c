@@ -1375,6 +1375,28 @@ outbox_ack(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Run the fenced one-row UPDATE ... RETURNING of outbox_nack or
+ * outbox_extend (inside SPI) and return its one column, a by-value Datum
+ * that stays valid after SPI_finish; a row not updated raises what
+ * outbox_explain_miss says about it.
+ */
+static Datum
+outbox_fenced_returning(SPIPlanPtr plan, Datum *values, const char *nulls,
+						const char *tenant, int64 id, const char *funcname)
+{
+	int			rc;
+	bool		isnull;
+
+	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "%s failed: %s", funcname, SPI_result_code_string(rc));
+	if (SPI_processed == 0)
+		outbox_explain_miss(tenant, id, funcname, false);
+	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+						 &isnull);
+}
+
+/*
  * outbox_nack(tenant text, id bigint, lease_token uuid, error text,
  *			   retry_in interval) RETURNS idempotency.outbox_status
  *
@@ -1395,8 +1417,6 @@ outbox_nack(PG_FUNCTION_ARGS)
 	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
 	double		jitter;
 	SPIPlanPtr	plan;
-	int			rc;
-	bool		isnull;
 	Datum		status;
 
 	tenant = outbox_tenant_arg(fcinfo, 0);
@@ -1423,14 +1443,9 @@ outbox_nack(PG_FUNCTION_ARGS)
 
 	idem_spi_connect();
 	plan = outbox_plan(&nack_plan, outbox_nack_sql, 6, argtypes);
-	rc = SPI_execute_plan(plan, values, nulls, false, 0);
-	if (rc != SPI_OK_UPDATE_RETURNING)
-		elog(ERROR, "outbox nack failed: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 0)
-		outbox_explain_miss(tenant, id, "outbox_nack", false);
 	/* an enum is an Oid, passed by value: safe after SPI_finish */
-	status = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
-						   &isnull);
+	status = outbox_fenced_returning(plan, values, nulls, tenant, id,
+									 "outbox_nack");
 	SPI_finish();
 
 	PG_RETURN_DATUM(status);
@@ -1500,8 +1515,6 @@ outbox_extend(PG_FUNCTION_ARGS)
 	Oid			argtypes[4] = {TEXTOID, INT8OID, UUIDOID, INTERVALOID};
 	Datum		values[4];
 	SPIPlanPtr	plan;
-	int			rc;
-	bool		isnull;
 	Datum		until;
 
 	tenant = outbox_tenant_arg(fcinfo, 0);
@@ -1522,14 +1535,9 @@ outbox_extend(PG_FUNCTION_ARGS)
 
 	idem_spi_connect();
 	plan = outbox_plan(&extend_plan, outbox_extend_sql, 4, argtypes);
-	rc = SPI_execute_plan(plan, values, NULL, false, 0);
-	if (rc != SPI_OK_UPDATE_RETURNING)
-		elog(ERROR, "outbox extend failed: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 0)
-		outbox_explain_miss(tenant, id, "outbox_extend", false);
 	/* a timestamptz is passed by value: safe after SPI_finish */
-	until = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
-						  &isnull);
+	until = outbox_fenced_returning(plan, values, NULL, tenant, id,
+									"outbox_extend");
 	SPI_finish();
 
 	PG_RETURN_DATUM(until);
