@@ -498,28 +498,16 @@ outbox_tenant_arg(FunctionCallInfo fcinfo, int argno)
 	return tenant;
 }
 
-/* True when "iv" is strictly greater than zero. */
-static bool
-interval_is_positive(Interval *iv)
+/* The sign of "iv" as PostgreSQL compares intervals: -1, 0 or 1. */
+static int
+outbox_interval_sign(Interval *iv)
 {
 	Interval	zero;
 
 	memset(&zero, 0, sizeof(zero));
-	return DatumGetBool(DirectFunctionCall2(interval_gt,
-											IntervalPGetDatum(iv),
-											IntervalPGetDatum(&zero)));
-}
-
-/* True when "iv" is less than zero. */
-static bool
-interval_is_negative(Interval *iv)
-{
-	Interval	zero;
-
-	memset(&zero, 0, sizeof(zero));
-	return DatumGetBool(DirectFunctionCall2(interval_lt,
-											IntervalPGetDatum(iv),
-											IntervalPGetDatum(&zero)));
+	return DatumGetInt32(DirectFunctionCall2(interval_cmp,
+											 IntervalPGetDatum(iv),
+											 IntervalPGetDatum(&zero)));
 }
 
 /*
@@ -941,7 +929,7 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	if (!PG_ARGISNULL(6))
 	{
 		deliver_after = PG_GETARG_INTERVAL_P(6);
-		if (interval_is_negative(deliver_after))
+		if (outbox_interval_sign(deliver_after) < 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("deliver_after must not be negative"),
@@ -1168,7 +1156,7 @@ outbox_claim(PG_FUNCTION_ARGS)
 				 errdetail("The value given is %d.", batch),
 				 errhint("Pass the number of rows the worker can deliver within one lease.")));
 	lease = PG_GETARG_INTERVAL_P(2);
-	if (!interval_is_positive(lease))
+	if (outbox_interval_sign(lease) <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease must be positive"),
@@ -1423,7 +1411,7 @@ outbox_nack(PG_FUNCTION_ARGS)
 	outbox_require_arg(fcinfo, 1, "id");
 	outbox_require_arg(fcinfo, 2, "lease_token");
 	id = PG_GETARG_INT64(1);
-	if (!PG_ARGISNULL(4) && interval_is_negative(PG_GETARG_INTERVAL_P(4)))
+	if (!PG_ARGISNULL(4) && outbox_interval_sign(PG_GETARG_INTERVAL_P(4)) < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("retry_in must not be negative"),
@@ -1522,7 +1510,7 @@ outbox_extend(PG_FUNCTION_ARGS)
 	outbox_require_arg(fcinfo, 2, "lease_token");
 	outbox_require_arg(fcinfo, 3, "lease");
 	id = PG_GETARG_INT64(1);
-	if (!interval_is_positive(PG_GETARG_INTERVAL_P(3)))
+	if (outbox_interval_sign(PG_GETARG_INTERVAL_P(3)) <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease must be positive"),
@@ -1710,7 +1698,7 @@ outbox_nack_many(PG_FUNCTION_ARGS)
 	outbox_require_set_context(fcinfo, "outbox_nack_many");
 	tenant = outbox_tenant_arg(fcinfo, 0);
 	n = outbox_batch_args(fcinfo, values);
-	if (!PG_ARGISNULL(4) && interval_is_negative(PG_GETARG_INTERVAL_P(4)))
+	if (!PG_ARGISNULL(4) && outbox_interval_sign(PG_GETARG_INTERVAL_P(4)) < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("retry_in must not be negative"),
