@@ -472,17 +472,6 @@ outbox_lock_ordering_key(const char *tenant, const char *ordering_key)
  * ----------------------------------------------------------------
  */
 
-/* Raise 22004 when argument "argno", named "name", is NULL. */
-static void
-outbox_require_arg(FunctionCallInfo fcinfo, int argno, const char *name)
-{
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", name),
-				 errhint("Pass a value for %s.", name)));
-}
-
 /*
  * The tenant argument (argument 0 of every function but outbox_claim): not
  * NULL, and the one the session is bound to if idempotency.tenant is set.
@@ -492,7 +481,7 @@ outbox_tenant_arg(FunctionCallInfo fcinfo, int argno)
 {
 	char	   *tenant;
 
-	outbox_require_arg(fcinfo, argno, "tenant");
+	idem_require_arg(fcinfo, argno, "tenant");
 	tenant = text_to_cstring(PG_GETARG_TEXT_PP(argno));
 	idem_check_tenant(tenant);
 	return tenant;
@@ -508,34 +497,6 @@ outbox_interval_sign(Interval *iv)
 	return DatumGetInt32(DirectFunctionCall2(interval_cmp,
 											 IntervalPGetDatum(iv),
 											 IntervalPGetDatum(&zero)));
-}
-
-/*
- * A correlation key follows the rule of idempotency keys: 1 to 255 bytes of
- * printable ASCII, so it can travel in an Idempotency-Key header unchanged.
- */
-static void
-outbox_check_key(const char *key)
-{
-	size_t		len = strlen(key);
-	const unsigned char *p;
-
-	if (len == 0 || len > IDEM_MAX_KEY_LEN)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox key must be 1 to %d bytes long", IDEM_MAX_KEY_LEN),
-				 errdetail("The key given is %zu bytes long.", len),
-				 errhint("Pass the idempotency key the provider should see, or NULL for none.")));
-	for (p = (const unsigned char *) key; *p; p++)
-	{
-		if (*p < 0x20 || *p > 0x7e)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("outbox key must be printable ASCII"),
-					 errdetail("Byte %d of the key is 0x%02x.",
-							   (int) (p - (const unsigned char *) key) + 1, *p),
-					 errhint("Encode the key (for example as hex or base64url) before passing it.")));
-	}
 }
 
 /*
@@ -892,8 +853,8 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	int			attempt;
 
 	tenant = outbox_tenant_arg(fcinfo, 0);
-	outbox_require_arg(fcinfo, 1, "topic");
-	outbox_require_arg(fcinfo, 2, "payload");
+	idem_require_arg(fcinfo, 1, "topic");
+	idem_require_arg(fcinfo, 2, "payload");
 	topic = PG_GETARG_TEXT_PP(1);
 	payload = PG_GETARG_JSONB_P(2);
 
@@ -907,8 +868,9 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 
 	if (!PG_ARGISNULL(3))
 	{
+		/* the rule of idempotency keys: it travels in an Idempotency-Key header */
+		idem_check_key(PG_GETARG_TEXT_PP(3));
 		key = text_to_cstring(PG_GETARG_TEXT_PP(3));
-		outbox_check_key(key);
 	}
 	if (!PG_ARGISNULL(4))
 	{
@@ -1138,9 +1100,9 @@ outbox_claim(PG_FUNCTION_ARGS)
 				 errmsg("outbox_claim must be called in a context that accepts a set"),
 				 errhint("Call it in FROM: SELECT * FROM outbox_claim(...).")));
 
-	outbox_require_arg(fcinfo, 0, "worker");
-	outbox_require_arg(fcinfo, 1, "batch");
-	outbox_require_arg(fcinfo, 2, "lease");
+	idem_require_arg(fcinfo, 0, "worker");
+	idem_require_arg(fcinfo, 1, "batch");
+	idem_require_arg(fcinfo, 2, "lease");
 	worker = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	if (worker[0] == '\0' || strlen(worker) > OUTBOX_MAX_WORKER_LEN)
 		ereport(ERROR,
@@ -1340,8 +1302,8 @@ outbox_ack(PG_FUNCTION_ARGS)
 	int			rc;
 
 	tenant = outbox_tenant_arg(fcinfo, 0);
-	outbox_require_arg(fcinfo, 1, "id");
-	outbox_require_arg(fcinfo, 2, "lease_token");
+	idem_require_arg(fcinfo, 1, "id");
+	idem_require_arg(fcinfo, 2, "lease_token");
 	id = PG_GETARG_INT64(1);
 
 	values[0] = CStringGetTextDatum(tenant);
@@ -1408,8 +1370,8 @@ outbox_nack(PG_FUNCTION_ARGS)
 	Datum		status;
 
 	tenant = outbox_tenant_arg(fcinfo, 0);
-	outbox_require_arg(fcinfo, 1, "id");
-	outbox_require_arg(fcinfo, 2, "lease_token");
+	idem_require_arg(fcinfo, 1, "id");
+	idem_require_arg(fcinfo, 2, "lease_token");
 	id = PG_GETARG_INT64(1);
 	if (!PG_ARGISNULL(4) && outbox_interval_sign(PG_GETARG_INTERVAL_P(4)) < 0)
 		ereport(ERROR,
@@ -1460,7 +1422,7 @@ outbox_requeue(PG_FUNCTION_ARGS)
 	MemoryContext callcontext = CurrentMemoryContext;
 
 	tenant = outbox_tenant_arg(fcinfo, 0);
-	outbox_require_arg(fcinfo, 1, "id");
+	idem_require_arg(fcinfo, 1, "id");
 	id = PG_GETARG_INT64(1);
 
 	values[0] = CStringGetTextDatum(tenant);
@@ -1506,9 +1468,9 @@ outbox_extend(PG_FUNCTION_ARGS)
 	Datum		until;
 
 	tenant = outbox_tenant_arg(fcinfo, 0);
-	outbox_require_arg(fcinfo, 1, "id");
-	outbox_require_arg(fcinfo, 2, "lease_token");
-	outbox_require_arg(fcinfo, 3, "lease");
+	idem_require_arg(fcinfo, 1, "id");
+	idem_require_arg(fcinfo, 2, "lease_token");
+	idem_require_arg(fcinfo, 3, "lease");
 	id = PG_GETARG_INT64(1);
 	if (outbox_interval_sign(PG_GETARG_INTERVAL_P(3)) <= 0)
 		ereport(ERROR,
@@ -1545,8 +1507,8 @@ outbox_batch_args(FunctionCallInfo fcinfo, Datum *values)
 	int			nids;
 	int			ntokens;
 
-	outbox_require_arg(fcinfo, 1, "ids");
-	outbox_require_arg(fcinfo, 2, "lease_tokens");
+	idem_require_arg(fcinfo, 1, "ids");
+	idem_require_arg(fcinfo, 2, "lease_tokens");
 	ids = PG_GETARG_ARRAYTYPE_P(1);
 	tokens = PG_GETARG_ARRAYTYPE_P(2);
 	if (ARR_NDIM(ids) > 1 || ARR_NDIM(tokens) > 1)
