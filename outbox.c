@@ -1047,6 +1047,222 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(id);
 }
 
+/* outbox_claim's arguments, checked before anything is read or written. */
+static void
+outbox_claim_args(FunctionCallInfo fcinfo, char **worker, int32 *batch,
+				  Interval **lease, char **tenant)
+{
+	idem_require_arg(fcinfo, 0, "worker");
+	idem_require_arg(fcinfo, 1, "batch");
+	idem_require_arg(fcinfo, 2, "lease");
+	*worker = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if ((*worker)[0] == '\0' || strlen(*worker) > OUTBOX_MAX_WORKER_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("worker name must be 1 to %d bytes long",
+						OUTBOX_MAX_WORKER_LEN),
+				 errhint("Name the worker so leased rows show who holds them, for example host and process id.")));
+	*batch = PG_GETARG_INT32(1);
+	if (*batch <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch must be positive"),
+				 errdetail("The value given is %d.", *batch),
+				 errhint("Pass the number of rows the worker can deliver within one lease.")));
+	*lease = PG_GETARG_INTERVAL_P(2);
+	if (outbox_interval_sign(*lease) <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be positive"),
+				 errhint("Pass how long the worker needs to deliver the batch, for example '30 seconds'.")));
+	if (!PG_ARGISNULL(4))
+	{
+		*tenant = text_to_cstring(PG_GETARG_TEXT_PP(4));
+		idem_check_tenant(*tenant);
+	}
+	else
+		*tenant = (char *) idem_effective_tenant();
+}
+
+/*
+ * Step 1 of a claim: lock up to "batch" due rows, FOR UPDATE SKIP LOCKED,
+ * restricted to "topics" (a text[] Datum, or 0 for any) and "tenant" (NULL
+ * for any).  Inside SPI; returns how many, with (ctid, tenant_id, id) of
+ * each in SPI_tuptable, in available_at order.
+ */
+static uint64
+outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
+{
+	Oid			argtypes[3] = {INT4OID, TEXTARRAYOID, TEXTOID};
+	Datum		values[3];
+	char		nulls[3] = {' ', 'n', 'n'};
+	int			filters = 0;
+	int			rc;
+
+	values[0] = Int32GetDatum(batch);
+	values[1] = topics;
+	values[2] = (Datum) 0;
+	if (topics != (Datum) 0)
+	{
+		filters |= CLAIM_FILTER_TOPICS;
+		nulls[1] = ' ';
+	}
+	if (tenant != NULL)
+	{
+		filters |= CLAIM_FILTER_TENANT;
+		values[2] = CStringGetTextDatum(tenant);
+		nulls[2] = ' ';
+	}
+	if (outbox_has_ordering_key())
+		filters |= CLAIM_ORDERED;
+	if (lock_plans[filters] == NULL)
+	{
+		char		sql[2048];
+
+		/* the filters are fixed fragments: one saved plan per combination */
+		snprintf(sql, sizeof(sql), outbox_lock_sql_format,
+				 (filters & CLAIM_FILTER_TOPICS) ?
+				 " AND c.topic = ANY ($2)" : " AND $2::text[] IS NULL",
+				 (filters & CLAIM_FILTER_TENANT) ?
+				 " AND c.tenant_id = $3" : " AND $3::text IS NULL",
+				 (filters & CLAIM_ORDERED) ? outbox_ordered_filter : "");
+		outbox_plan(&lock_plans[filters], sql, 3, argtypes);
+	}
+	rc = SPI_execute_plan(lock_plans[filters], values, nulls, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "outbox claim failed: %s", SPI_result_code_string(rc));
+	return SPI_processed;
+}
+
+/*
+ * The TID scan of the lease returns rows in physical order: put them back
+ * in lock order, which is available_at order, by looking each up by key.
+ * Returns the leased tuples by lock position (NULL: dead-lettered).
+ */
+static HeapTuple *
+outbox_claim_order(SPITupleTable *leased, uint64 nleased, ClaimedRow *rows,
+				   uint64 nlocked)
+{
+	int			lease_token_attno = outbox_column(leased->tupdesc, "lease_token");
+	int			tenant_attno = outbox_column(leased->tupdesc, "tenant_id");
+	int			id_attno = outbox_column(leased->tupdesc, "id");
+	HeapTuple  *ordered;
+	uint64		i;
+
+	qsort(rows, nlocked, sizeof(ClaimedRow), claimed_row_cmp);
+	for (i = 0; i < nleased; i++)
+	{
+		HeapTuple	tuple = leased->vals[i];
+		bool		isnull;
+		ClaimedRow	key;
+		ClaimedRow *found;
+
+		(void) SPI_getbinval(tuple, leased->tupdesc, lease_token_attno,
+							 &isnull);
+		if (isnull)
+			continue;			/* dead-lettered by this claim */
+		key.id = DatumGetInt64(SPI_getbinval(tuple, leased->tupdesc,
+											 id_attno, &isnull));
+		key.tenant = SPI_getvalue(tuple, leased->tupdesc, tenant_attno);
+		found = bsearch(&key, rows, nlocked, sizeof(ClaimedRow),
+						claimed_row_cmp);
+		if (found == NULL)
+			elog(ERROR, "outbox lease returned a row it did not lock");
+		found->leased = tuple;
+	}
+
+	ordered = palloc0(sizeof(HeapTuple) * nlocked);
+	for (i = 0; i < nlocked; i++)
+		ordered[rows[i].position] = rows[i].leased;
+	return ordered;
+}
+
+/*
+ * Put the "n" tuples of "ordered" (of "source", the table's row) into
+ * "tupstore" as rows of "tupdesc", column by column name; NULL entries
+ * are skipped, a dropped column of the result type is NULL.
+ */
+static void
+outbox_claim_emit(TupleDesc source, HeapTuple *ordered, uint64 n,
+				  TupleDesc tupdesc, Tuplestorestate *tupstore)
+{
+	int		   *source_attno = outbox_map_columns(tupdesc, source);
+	Datum	   *srcvalues = palloc(sizeof(Datum) * source->natts);
+	bool	   *srcnulls = palloc(sizeof(bool) * source->natts);
+	Datum	   *rowvalues = palloc(sizeof(Datum) * tupdesc->natts);
+	bool	   *rownulls = palloc(sizeof(bool) * tupdesc->natts);
+	uint64		i;
+
+	for (i = 0; i < n; i++)
+	{
+		if (ordered[i] == NULL)
+			continue;			/* dead-lettered */
+		heap_deform_tuple(ordered[i], source, srcvalues, srcnulls);
+		for (int a = 0; a < tupdesc->natts; a++)
+		{
+			if (source_attno[a] == 0)
+			{
+				/* a dropped column of the row type */
+				rowvalues[a] = (Datum) 0;
+				rownulls[a] = true;
+				continue;
+			}
+			rowvalues[a] = srcvalues[source_attno[a] - 1];
+			rownulls[a] = srcnulls[source_attno[a] - 1];
+		}
+		/* copies the values into the tuplestore's context */
+		tuplestore_putvalues(tupstore, tupdesc, rowvalues, rownulls);
+	}
+}
+
+/*
+ * Step 2 of a claim: lease the "nlocked" rows of "locked" to "worker" and
+ * put them into "tupstore" as rows of "tupdesc" (the function's result
+ * type, mapped by column name), in the order they were locked.  A row the
+ * lease dead-lettered (its expired lease used up its attempts) is left out.
+ */
+static void
+outbox_claim_lease(SPITupleTable *locked, uint64 nlocked, const char *worker,
+				   Interval *lease, TupleDesc tupdesc,
+				   Tuplestorestate *tupstore)
+{
+	Oid			argtypes[3] = {TEXTOID, INTERVALOID, TIDARRAYOID};
+	Datum		values[3];
+	Datum	   *tids = palloc(sizeof(Datum) * nlocked);
+	ClaimedRow *rows = palloc(sizeof(ClaimedRow) * nlocked);
+	SPIPlanPtr	plan;
+	SPITupleTable *leased;
+	HeapTuple  *ordered;
+	int			rc;
+	uint64		i;
+
+	for (i = 0; i < nlocked; i++)
+	{
+		bool		isnull;
+
+		tids[i] = SPI_getbinval(locked->vals[i], locked->tupdesc, 1, &isnull);
+		rows[i].tenant = SPI_getvalue(locked->vals[i], locked->tupdesc, 2);
+		rows[i].id = DatumGetInt64(SPI_getbinval(locked->vals[i],
+												 locked->tupdesc, 3,
+												 &isnull));
+		rows[i].position = i;
+		rows[i].leased = NULL;
+	}
+	values[0] = CStringGetTextDatum(worker);
+	values[1] = IntervalPGetDatum(lease);
+	values[2] = PointerGetDatum(construct_array(tids, (int) nlocked, TIDOID,
+												sizeof(ItemPointerData), false,
+												TYPALIGN_SHORT));
+	plan = outbox_plan(&lease_plan, outbox_lease_sql, 3, argtypes);
+	rc = SPI_execute_plan(plan, values, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox lease failed: %s", SPI_result_code_string(rc));
+	leased = SPI_tuptable;
+
+	ordered = outbox_claim_order(leased, SPI_processed, rows, nlocked);
+	outbox_claim_emit(leased->tupdesc, ordered, nlocked, tupdesc, tupstore);
+}
+
 /*
  * outbox_claim(worker text, batch int, lease interval, topics text[],
  *				tenant text) RETURNS SETOF idempotency.outbox
@@ -1066,32 +1282,11 @@ outbox_claim(PG_FUNCTION_ARGS)
 	char	   *worker;
 	int32		batch;
 	Interval   *lease;
-	char	   *tenant = NULL;
-	int			filters = 0;
-	Oid			lock_argtypes[3] = {INT4OID, TEXTARRAYOID, TEXTOID};
-	Datum		lock_values[3];
-	char		lock_nulls[3] = {' ', 'n', 'n'};
-	Oid			lease_argtypes[3] = {TEXTOID, INTERVALOID, TIDARRAYOID};
-	Datum		lease_values[3];
+	char	   *tenant;
 	TupleDesc	tupdesc;
 	Tuplestorestate *tupstore;
 	MemoryContext oldcontext;
-	SPIPlanPtr	plan;
-	int			rc;
 	uint64		nlocked;
-	uint64		i;
-	Datum	   *tids;
-	ClaimedRow *rows;
-	HeapTuple  *ordered;
-	SPITupleTable *leased;
-	int			lease_token_attno;
-	int			tenant_attno;
-	int			id_attno;
-	int		   *source_attno;
-	Datum	   *srcvalues;
-	bool	   *srcnulls;
-	Datum	   *rowvalues;
-	bool	   *rownulls;
 
 	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
 		(rsinfo->allowedModes & SFRM_Materialize) == 0)
@@ -1099,53 +1294,7 @@ outbox_claim(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("outbox_claim must be called in a context that accepts a set"),
 				 errhint("Call it in FROM: SELECT * FROM outbox_claim(...).")));
-
-	idem_require_arg(fcinfo, 0, "worker");
-	idem_require_arg(fcinfo, 1, "batch");
-	idem_require_arg(fcinfo, 2, "lease");
-	worker = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	if (worker[0] == '\0' || strlen(worker) > OUTBOX_MAX_WORKER_LEN)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("worker name must be 1 to %d bytes long",
-						OUTBOX_MAX_WORKER_LEN),
-				 errhint("Name the worker so leased rows show who holds them, for example host and process id.")));
-	batch = PG_GETARG_INT32(1);
-	if (batch <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("batch must be positive"),
-				 errdetail("The value given is %d.", batch),
-				 errhint("Pass the number of rows the worker can deliver within one lease.")));
-	lease = PG_GETARG_INTERVAL_P(2);
-	if (outbox_interval_sign(lease) <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must be positive"),
-				 errhint("Pass how long the worker needs to deliver the batch, for example '30 seconds'.")));
-	if (!PG_ARGISNULL(4))
-	{
-		tenant = text_to_cstring(PG_GETARG_TEXT_PP(4));
-		idem_check_tenant(tenant);
-	}
-	else
-		tenant = (char *) idem_effective_tenant();
-
-	lock_values[0] = Int32GetDatum(batch);
-	lock_values[1] = (Datum) 0;
-	lock_values[2] = (Datum) 0;
-	if (!PG_ARGISNULL(3))
-	{
-		filters |= CLAIM_FILTER_TOPICS;
-		lock_values[1] = PG_GETARG_DATUM(3);
-		lock_nulls[1] = ' ';
-	}
-	if (tenant != NULL)
-	{
-		filters |= CLAIM_FILTER_TENANT;
-		lock_values[2] = CStringGetTextDatum(tenant);
-		lock_nulls[2] = ' ';
-	}
+	outbox_claim_args(fcinfo, &worker, &batch, &lease, &tenant);
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type of outbox_claim must be a row type");
@@ -1157,122 +1306,12 @@ outbox_claim(PG_FUNCTION_ARGS)
 	MemoryContextSwitchTo(oldcontext);
 
 	idem_spi_connect();
-
-	/* 1. lock the candidates */
-	if (outbox_has_ordering_key())
-		filters |= CLAIM_ORDERED;
-	if (lock_plans[filters] == NULL)
-	{
-		char		sql[2048];
-
-		snprintf(sql, sizeof(sql), outbox_lock_sql_format,
-				 (filters & CLAIM_FILTER_TOPICS) ?
-				 " AND c.topic = ANY ($2)" : " AND $2::text[] IS NULL",
-				 (filters & CLAIM_FILTER_TENANT) ?
-				 " AND c.tenant_id = $3" : " AND $3::text IS NULL",
-				 (filters & CLAIM_ORDERED) ? outbox_ordered_filter : "");
-		outbox_plan(&lock_plans[filters], sql, 3, lock_argtypes);
-	}
-	rc = SPI_execute_plan(lock_plans[filters], lock_values, lock_nulls,
-						  false, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "outbox claim failed: %s", SPI_result_code_string(rc));
-	nlocked = SPI_processed;
-
+	nlocked = outbox_claim_lock(batch,
+								PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3),
+								tenant);
 	if (nlocked > 0)
-	{
-		SPITupleTable *locked = SPI_tuptable;
-		ArrayType  *tidarray;
-
-		tids = palloc(sizeof(Datum) * nlocked);
-		rows = palloc(sizeof(ClaimedRow) * nlocked);
-		for (i = 0; i < nlocked; i++)
-		{
-			bool		isnull;
-
-			tids[i] = SPI_getbinval(locked->vals[i], locked->tupdesc, 1, &isnull);
-			rows[i].tenant = SPI_getvalue(locked->vals[i], locked->tupdesc, 2);
-			rows[i].id = DatumGetInt64(SPI_getbinval(locked->vals[i],
-													 locked->tupdesc, 3,
-													 &isnull));
-			rows[i].position = i;
-			rows[i].leased = NULL;
-		}
-		tidarray = construct_array(tids, (int) nlocked, TIDOID,
-								   sizeof(ItemPointerData), false,
-								   TYPALIGN_SHORT);
-
-		/* 2. lease them */
-		lease_values[0] = CStringGetTextDatum(worker);
-		lease_values[1] = IntervalPGetDatum(lease);
-		lease_values[2] = PointerGetDatum(tidarray);
-		plan = outbox_plan(&lease_plan, outbox_lease_sql, 3, lease_argtypes);
-		rc = SPI_execute_plan(plan, lease_values, NULL, false, 0);
-		if (rc != SPI_OK_UPDATE_RETURNING)
-			elog(ERROR, "outbox lease failed: %s", SPI_result_code_string(rc));
-		leased = SPI_tuptable;
-		source_attno = outbox_map_columns(tupdesc, leased->tupdesc);
-		lease_token_attno = outbox_column(leased->tupdesc, "lease_token");
-		tenant_attno = outbox_column(leased->tupdesc, "tenant_id");
-		id_attno = outbox_column(leased->tupdesc, "id");
-
-		/*
-		 * The TID scan returns rows in physical order: put them back in lock
-		 * order, which is available_at order, by looking each up by key.
-		 */
-		qsort(rows, nlocked, sizeof(ClaimedRow), claimed_row_cmp);
-		for (i = 0; i < SPI_processed; i++)
-		{
-			HeapTuple	tuple = leased->vals[i];
-			bool		isnull;
-			ClaimedRow	key;
-			ClaimedRow *found;
-
-			(void) SPI_getbinval(tuple, leased->tupdesc, lease_token_attno,
-								 &isnull);
-			if (isnull)
-				continue;		/* dead-lettered by this claim */
-			key.id = DatumGetInt64(SPI_getbinval(tuple, leased->tupdesc,
-												 id_attno, &isnull));
-			key.tenant = SPI_getvalue(tuple, leased->tupdesc, tenant_attno);
-			found = bsearch(&key, rows, nlocked, sizeof(ClaimedRow),
-							claimed_row_cmp);
-			if (found == NULL)
-				elog(ERROR, "outbox lease returned a row it did not lock");
-			found->leased = tuple;
-		}
-
-		ordered = palloc0(sizeof(HeapTuple) * nlocked);
-		for (i = 0; i < nlocked; i++)
-			ordered[rows[i].position] = rows[i].leased;
-
-		srcvalues = palloc(sizeof(Datum) * leased->tupdesc->natts);
-		srcnulls = palloc(sizeof(bool) * leased->tupdesc->natts);
-		rowvalues = palloc(sizeof(Datum) * tupdesc->natts);
-		rownulls = palloc(sizeof(bool) * tupdesc->natts);
-		for (i = 0; i < nlocked; i++)
-		{
-			int			a;
-
-			if (ordered[i] == NULL)
-				continue;		/* dead-lettered */
-			heap_deform_tuple(ordered[i], leased->tupdesc, srcvalues, srcnulls);
-			for (a = 0; a < tupdesc->natts; a++)
-			{
-				if (source_attno[a] == 0)
-				{
-					/* a dropped column of the row type */
-					rowvalues[a] = (Datum) 0;
-					rownulls[a] = true;
-					continue;
-				}
-				rowvalues[a] = srcvalues[source_attno[a] - 1];
-				rownulls[a] = srcnulls[source_attno[a] - 1];
-			}
-			/* copies the values into the tuplestore's context */
-			tuplestore_putvalues(tupstore, tupdesc, rowvalues, rownulls);
-		}
-	}
+		outbox_claim_lease(SPI_tuptable, nlocked, worker, lease, tupdesc,
+						   tupstore);
 	SPI_finish();
 
 	rsinfo->returnMode = SFRM_Materialize;
