@@ -53,6 +53,8 @@ SELECT count(*) AS acked FROM outbox_ack_many('obx_m', '{}', '{}');
 -- nack rows 4 and 6 in one call: each gets its own backoff; row 6 has a
 -- retry_in of its own call
 UPDATE idempotency.outbox SET max_attempts = 1 WHERE tenant_id = 'obx_m' AND payload->>'n' = '6';
+-- (the backoff counts from the nack's statement, which starts after t0)
+SELECT clock_timestamp() AS t0 \gset
 SELECT n.status, l.n
   FROM outbox_nack_many('obx_m',
                         (SELECT array_agg(id ORDER BY id) FROM lease WHERE n IN ('4', '6')),
@@ -60,7 +62,7 @@ SELECT n.status, l.n
                         'HTTP 503') n
   JOIN lease l USING (id) ORDER BY l.n;
 SELECT o.payload->>'n' AS n, o.status, o.attempts, o.last_error, o.lease_token IS NULL AS released,
-       o.status <> 'pending' OR o.available_at - now() BETWEEN interval '2.5 seconds' AND interval '5 seconds' AS backoff
+       o.status <> 'pending' OR o.available_at - :'t0'::timestamptz BETWEEN interval '2.5 seconds' AND interval '6 seconds' AS backoff
   FROM idempotency.outbox o WHERE tenant_id = 'obx_m' AND payload->>'n' IN ('4', '6') ORDER BY id;
 -- the same tokens again: released, so nothing is reported
 SELECT count(*) AS reported
