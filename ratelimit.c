@@ -193,19 +193,23 @@ idem_rate_admit(const char *tenant, const char *scope, double per_second,
 		LWLockRelease(rate_state->lock);
 		LWLockAcquire(rate_state->lock, LW_EXCLUSIVE);
 		entry = hash_search_with_hash_value(rate_hash, &key, hashcode,
-											HASH_ENTER_NULL, &found);
-		if (entry == NULL)
+											HASH_FIND, NULL);
+		if (entry == NULL &&
+			hash_get_num_entries(rate_hash) >= RATE_MAX_ENTRIES)
 		{
-			/* full: start every pair over rather than refuse to track */
+			/*
+			 * Full: start every pair over rather than refuse to track or
+			 * take shared memory that was sized for others.
+			 */
 			HASH_SEQ_STATUS status;
 			RateEntry  *e;
 
 			hash_seq_init(&status, rate_hash);
 			while ((e = hash_seq_search(&status)) != NULL)
 				(void) hash_search(rate_hash, &e->key, HASH_REMOVE, NULL);
-			entry = hash_search_with_hash_value(rate_hash, &key, hashcode,
-												HASH_ENTER, &found);
 		}
+		entry = hash_search_with_hash_value(rate_hash, &key, hashcode,
+											HASH_ENTER, &found);
 		if (!found)
 			pg_atomic_init_u64(&entry->tat, 0);
 		admitted = rate_step(entry, now, interval, tolerance, &wait_us);

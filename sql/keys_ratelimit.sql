@@ -56,5 +56,15 @@ SELECT scope, new_keys_per_second, new_keys_burst FROM idempotency.scopes WHERE 
 SELECT scope, new_keys_per_second FROM idem_configure_scope('rl_scope', '{"new_keys_per_second": null}');
 SELECT outcome FROM idem_reserve('rl_a', 'rl_scope', 'after-lift', '{}');
 
-DELETE FROM idempotency.keys WHERE tenant_id IN ('rl_a', 'rl_b');
-DELETE FROM idempotency.scopes WHERE scope IN ('rl_scope', 'rl_fast');
+-- the state is soft: past 8,192 limited pairs the table starts over, and
+-- every tenant gets its burst again (never fewer keys, at most a burst more)
+SELECT scope FROM idem_configure_scope('rl_full', '{"new_keys_per_second": 0.001, "new_keys_burst": 1}');
+SELECT k, outcome FROM generate_series(1, 2) AS k,
+       LATERAL idem_reserve('rl_first', 'rl_full', 'k' || k, fingerprint => sha256(k::text::bytea));
+SELECT count(*) FILTER (WHERE outcome = 'created') AS created_by_others
+  FROM generate_series(1, 8300) AS t,
+       LATERAL idem_reserve('rl_t' || t, 'rl_full', 'k', fingerprint => sha256('k'));
+SELECT outcome FROM idem_reserve('rl_first', 'rl_full', 'k3', fingerprint => sha256('3'));
+
+DELETE FROM idempotency.keys WHERE tenant_id IN ('rl_a', 'rl_b', 'rl_first') OR tenant_id LIKE 'rl\_t%';
+DELETE FROM idempotency.scopes WHERE scope IN ('rl_scope', 'rl_fast', 'rl_full');
