@@ -96,6 +96,6 @@ echo "replay, server-side cost per call (50000 calls in one statement, best of 2
 echo "  idem_reserve ${pc_ext} us, naive PL/pgSQL ${pc_plpgsql} us: $(ratio "$pc_plpgsql" "$pc_ext")x"
 pc_new=$(echo "$percall" | awk '$1 == "new_ext" {print $2}')
 pc_rated=$(echo "$percall" | awk '$1 == "new_rated" {print $2}')
-echo "new key, server-side cost per call (20000 calls in one statement, best of 2):"
+echo "new key, server-side cost per call (2000 calls in one statement, best of 2):"
 echo "  without a rate ${pc_new} us, with a rate of new keys ${pc_rated} us: $(ratio "$pc_new" "$pc_rated")x (target >= 0.95)"
 psql -X -q -d postgres -c 'DROP DATABASE bench_keys'
