@@ -312,10 +312,15 @@ sub run_payments_e2e
 	if ($lt == 0)
 	{
 		exec(
-			"$python examples/payments/loadtest.py --url $service_url --keys 40 --clients 3 --repeats 2 --mismatch-rate 0.2 --prefix crash --deadline 90 --seed 11 > $lt_out"
+			"$python examples/payments/loadtest.py --url $service_url --keys 120 --clients 3 --repeats 2 --mismatch-rate 0.2 --prefix crash --deadline 90 --seed 11 > $lt_out"
 		);
 	}
-	sleep 1.0;
+	# stop the database once the load is under way, whatever the machine's
+	# pace: a few of its charges are in, most are still to come
+	my $until = time() + 30;
+	sleep 0.1
+	  while psql1("SELECT count(*) FROM payments.charges WHERE idem_key LIKE 'crash-%'") < 5
+	  && time() < $until;
 	$node->stop('immediate');
 	sleep 1.0;
 	$node->start;
