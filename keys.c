@@ -856,14 +856,7 @@ reserve_sleep(TimestampTz deadline, long *sleep_ms)
  * ----------------------------------------------------------------
  */
 
-/*
- * Read the policy of "scope" into *policy, from the cache or from
- * idempotency.scopes.  The table is read with the latest snapshot, not the
- * transaction's: what is cached must not depend on an old snapshot, since
- * the invalidation for a later change may already have been processed.
- * Must be called inside SPI; policy->ignore is allocated in the current
- * context.
- */
+/* The bits of a scope's retryable_codes (an int[]) in *bits. */
 static void
 keys_retryable_bits(ArrayType *codes, uint64 *bits)
 {
@@ -883,8 +876,17 @@ keys_retryable_bits(ArrayType *codes, uint64 *bits)
 	}
 }
 
+/*
+ * Read the policy of "scope" into *policy, from the cache or from
+ * idempotency.scopes.  The table is read with the latest snapshot, not the
+ * transaction's: what is cached must not depend on an old snapshot, since
+ * the invalidation for a later change may already have been processed.
+ * Must be called inside SPI; policy->ignore is allocated in the current
+ * context.  A policy found in the cache comes without it (NULL) unless
+ * "with_ignore": idem_complete only needs the rest.
+ */
 static void
-keys_scope_policy(const char *scope, ScopePolicy *policy)
+keys_scope_policy(const char *scope, ScopePolicy *policy, bool with_ignore)
 {
 	bool		cacheable = strlen(scope) < SCOPE_CACHE_KEYLEN;
 	ScopeCacheEntry *entry;
@@ -901,9 +903,10 @@ keys_scope_policy(const char *scope, ScopePolicy *policy)
 		if (entry != NULL)
 		{
 			*policy = entry->policy;
-			if (policy->ignore != NULL)
-				policy->ignore =
-					DatumGetArrayTypePCopy(PointerGetDatum(entry->policy.ignore));
+			/* a copy: the cache may be rebuilt while the caller uses it */
+			policy->ignore = policy->ignore != NULL && with_ignore ?
+				DatumGetArrayTypePCopy(PointerGetDatum(entry->policy.ignore)) :
+				NULL;
 			return;
 		}
 	}
@@ -1579,7 +1582,7 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 	keys_ensure_cache();
 	idem_spi_connect();
 
-	keys_scope_policy(id.scope, &policy);
+	keys_scope_policy(id.scope, &policy, true);
 	if (from_request)
 		idem_compute_fingerprint(PG_GETARG_JSONB_P(request_arg), policy.ignore,
 								 fingerprint);
@@ -1813,7 +1816,8 @@ keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
 	memcpy(values, id->values, sizeof(id->values));
 	memset(nulls, ' ', sizeof(nulls));
 
-	keys_scope_policy(id->scope, &policy);
+	/* completing needs no fingerprint_ignore: no copy of it */
+	keys_scope_policy(id->scope, &policy, false);
 	if (!retryable)
 		retryable = (policy.retryable[RETRYABLE_WORD(code)] &
 					 RETRYABLE_BIT(code)) != 0 ||
