@@ -703,3 +703,39 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text,
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text)
     TO idempotency_app;
+
+/* ---- stats: a counter of rate_limited answers ---- */
+
+/*
+ * idem_stats gains a last column; the view over it is rebuilt with it.
+ * The library reads the number of columns a database declares, so a
+ * database still at 1.0 keeps working until it is updated.
+ */
+DROP VIEW idempotency.stats;
+DROP FUNCTION @extschema@.idem_stats();
+CREATE FUNCTION @extschema@.idem_stats(
+    OUT tenant      text,
+    OUT scope       text,
+    OUT created     bigint,
+    OUT replayed    bigint,
+    OUT in_progress bigint,
+    OUT mismatched  bigint,
+    OUT stale       bigint,
+    OUT completed   bigint,
+    OUT released    bigint,
+    OUT reaped      bigint,
+    OUT swept       bigint,
+    OUT rate_limited bigint)
+    RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'idem_stats'
+    LANGUAGE C VOLATILE STRICT;
+COMMENT ON FUNCTION @extschema@.idem_stats() IS
+    'cumulative idempotency counters per tenant and scope';
+CREATE VIEW idempotency.stats AS
+    SELECT * FROM @extschema@.idem_stats();
+COMMENT ON VIEW idempotency.stats IS
+    'cumulative idempotency counters per tenant and scope (needs shared_preload_libraries)';
+REVOKE ALL ON FUNCTION @extschema@.idem_stats() FROM PUBLIC;
+REVOKE ALL ON idempotency.stats FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.idem_stats() TO pg_monitor, idempotency_admin;
+GRANT SELECT ON idempotency.stats TO pg_monitor, idempotency_admin;

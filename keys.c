@@ -1457,12 +1457,8 @@ reserve_count(KeyIdent *id, ReserveOutcome outcome)
 {
 	static const IdemCounter counters[OUTCOME_COUNT] = {
 		IDEM_STAT_CREATED, IDEM_STAT_REPLAYED, IDEM_STAT_IN_PROGRESS,
-		IDEM_STAT_MISMATCHED, IDEM_STAT_STALE, IDEM_STAT_NCOUNTERS
+		IDEM_STAT_MISMATCHED, IDEM_STAT_STALE, IDEM_STAT_RATE_LIMITED
 	};
-
-	/* rate_limited has no counter of its own (see README) */
-	if (counters[outcome] == IDEM_STAT_NCOUNTERS)
-		return;
 
 	idem_stats_count(id->tenant, id->scope, counters[outcome], 1);
 }

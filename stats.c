@@ -94,11 +94,14 @@
 
 /*
  * Where the counters are kept across a clean restart.  Version 2 added each
- * entry's usage; a version 1 file (no usage) is still read.
+ * entry's usage, version 3 the rate_limited counter; files of versions 1
+ * (no usage) and 2 are still read.  The header gives the number of
+ * counters per entry; counters are only ever appended, so an older file's
+ * are a prefix of today's and the rest start at zero.
  */
 #define IDEM_STATS_FILE PGSTAT_STAT_PERMANENT_DIRECTORY "/idempotency.stat"
 #define IDEM_STATS_FILE_MAGIC 0x1de57a75
-#define IDEM_STATS_FILE_VERSION 2
+#define IDEM_STATS_FILE_VERSION 3
 
 /*
  * Eviction, as in pg_stat_statements: a new entry starts at USAGE_INIT,
@@ -142,12 +145,21 @@ typedef struct IdemStatsFileEntry
 	uint64		counters[IDEM_STAT_NCOUNTERS];
 } IdemStatsFileEntry;
 
-/* The same in a version 1 file. */
+/* The same in a version 1 file: no usage. */
 typedef struct IdemStatsFileEntryV1
 {
 	IdemStatsKey key;
 	uint64		counters[IDEM_STAT_NCOUNTERS];
 } IdemStatsFileEntryV1;
+
+/*
+ * An entry is its fixed part (up to the counters) and "ncounters" counters,
+ * with no padding after them (they are 8-byte aligned).
+ */
+StaticAssertDecl(sizeof(IdemStatsFileEntry) ==
+				 offsetof(IdemStatsFileEntry, counters) +
+				 IDEM_STAT_NCOUNTERS * sizeof(uint64),
+				 "stats file entries have no tail padding");
 
 /* Both NULL unless the library was preloaded. */
 static IdemStatsShared *idem_stats_state = NULL;
@@ -723,8 +735,10 @@ idem_stats_load(void)
 
 	if (fread(header, sizeof(header), 1, file) != 1 ||
 		header[0] != IDEM_STATS_FILE_MAGIC ||
-		(header[1] != 1 && header[1] != IDEM_STATS_FILE_VERSION) ||
-		header[2] != IDEM_STAT_NCOUNTERS ||
+		header[1] < 1 || header[1] > IDEM_STATS_FILE_VERSION ||
+		header[2] < 1 || header[2] > IDEM_STAT_NCOUNTERS ||
+		(header[1] == IDEM_STATS_FILE_VERSION &&
+		 header[2] != IDEM_STAT_NCOUNTERS) ||
 		fread(&nentries, sizeof(nentries), 1, file) != 1)
 		goto bad_file;
 
@@ -733,19 +747,24 @@ idem_stats_load(void)
 		IdemStatsFileEntry saved;
 		IdemStatsKey key;
 		IdemStatsEntry *entry;
+		size_t		counters_size = header[2] * sizeof(uint64);
 		int			c;
 
+		memset(&saved, 0, sizeof(saved));
 		if (header[1] == 1)
 		{
 			IdemStatsFileEntryV1 v1;
 
-			if (fread(&v1, sizeof(v1), 1, file) != 1)
+			if (fread(&v1, offsetof(IdemStatsFileEntryV1, counters), 1,
+					  file) != 1)
 				goto bad_file;
 			saved.key = v1.key;
 			saved.usage = USAGE_INIT;
-			memcpy(saved.counters, v1.counters, sizeof(saved.counters));
 		}
-		else if (fread(&saved, sizeof(saved), 1, file) != 1)
+		else if (fread(&saved, offsetof(IdemStatsFileEntry, counters), 1,
+					   file) != 1)
+			goto bad_file;
+		if (fread(saved.counters, counters_size, 1, file) != 1)
 			goto bad_file;
 		/* never trust the file's strings to be terminated, nor padded */
 		saved.key.tenant[IDEM_STATS_NAME_LEN - 1] = '\0';
@@ -894,10 +913,16 @@ idem_stats_put_row(Tuplestorestate *tupstore, TupleDesc tupdesc,
 	Datum		values[2 + IDEM_STAT_NCOUNTERS];
 	bool		nulls[2 + IDEM_STAT_NCOUNTERS];
 	uint64		total = 0;
+	int			ncounters;
 	int			c;
 
+	/*
+	 * A database still at version 1.0 (before ALTER EXTENSION UPDATE)
+	 * declares the counters of its time, which are a prefix of today's.
+	 */
+	ncounters = Min(tupdesc->natts - 2, IDEM_STAT_NCOUNTERS);
 	memset(nulls, 0, sizeof(nulls));
-	for (c = 0; c < IDEM_STAT_NCOUNTERS; c++)
+	for (c = 0; c < ncounters; c++)
 	{
 		uint64		v = pg_atomic_read_u64(&counters[c]);
 

@@ -16,7 +16,8 @@ CREATE FUNCTION idem_stats(
     OUT completed   bigint,
     OUT released    bigint,
     OUT reaped      bigint,
-    OUT swept       bigint)
+    OUT swept       bigint,
+    OUT rate_limited bigint)
     RETURNS SETOF record
     AS 'MODULE_PATHNAME', 'idem_stats'
     LANGUAGE C VOLATILE STRICT;

@@ -26,6 +26,9 @@ SELECT k, outcome, http_status, retry_after BETWEEN 900 AND 1000 AS retry_after_
   FROM generate_series(1, 6) AS k,
        LATERAL idem_reserve('rl_a', 'rl_scope', 'spray-' || k, jsonb_build_object('k', k));
 SELECT count(*) AS keys_of_a FROM idempotency.keys WHERE tenant_id = 'rl_a';
+-- idempotency.stats counts the refusals
+SELECT tenant, scope, created, rate_limited FROM idempotency.stats
+ WHERE tenant = 'rl_a' AND scope = 'rl_scope';
 -- its existing keys still answer: a replay or in_progress is not a new key
 SELECT outcome FROM idem_reserve('rl_a', 'rl_scope', 'spray-1', '{"k": 1}');
 -- another tenant has its own rate

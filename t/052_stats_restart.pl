@@ -158,6 +158,36 @@ is($node->safe_psql('postgres',
 		  . " FROM idempotency.stats"),
 	'(other) 7 0 0 2, v1-tenant 5 4 3 0',
 	'a version 1 file is read');
+
+# a version 2 file (usage per entry, 9 counters: no rate_limited yet) is
+# read too, and the counter it lacks starts at zero
+$node->stop;
+my $v2_entry = 'L Z128 Z128 x4 d Q9';
+my $v2 =
+    pack('L L L q', 0x1de57a75, 2, 9, 1)
+  . pack($v2_entry, $dboid, 'v2-tenant', 'orders', 1.0, 6, 1, 0, 2, 0, 5, 0, 4, 0);
+open($fh, '>:raw', $statfile) or die "could not write $statfile: $!";
+print $fh $v2;
+close($fh);
+$node->start;
+is($node->safe_psql('postgres',
+		"SELECT string_agg(tenant || ' ' || created || ' ' || mismatched || ' '"
+		  . " || completed || ' ' || reaped || ' ' || rate_limited, ', ' ORDER BY tenant)"
+		  . " FROM idempotency.stats"),
+	'v2-tenant 6 2 5 4 0',
+	'a version 2 file is read, rate_limited starts at zero');
+
+# and what this version saves at a clean stop is read back, rate_limited
+# included
+$node->safe_psql('postgres',
+	"SELECT idem_configure_scope('rl-restart', '{\"new_keys_per_second\": 0.001, \"new_keys_burst\": 1}')");
+$node->safe_psql('postgres',
+	"SELECT idem_reserve('v3-tenant', 'rl-restart', 'k' || i, '{}') FROM generate_series(1, 3) i");
+$node->restart;
+is($node->safe_psql('postgres',
+		"SELECT created || ' ' || rate_limited FROM idempotency.stats"
+		  . " WHERE tenant = 'v3-tenant'"),
+	'1 2', 'rate_limited survives a clean restart');
 $node->stop;
 
 # without shared_preload_libraries (neither idempotency nor pg_cron): the

@@ -76,7 +76,8 @@ $node->safe_psql(
 # attempt answers stale and flags it for reconciliation
 $node->safe_psql(
 	'postgres', q{
-	SELECT idem_configure_scope('payments', '{"lock_timeout": "1 second"}');
+	SELECT idem_configure_scope('payments', '{"lock_timeout": "1 second",
+	    "new_keys_per_second": 0.001, "new_keys_burst": 1}');
 	SELECT idem_reserve('globex', 'payments', 'g1', '{"amount": 100}');
 });
 sleep 1.2;
@@ -85,6 +86,13 @@ is( $node->safe_psql(
 		q{SELECT outcome FROM idem_reserve('globex', 'payments', 'g1', '{"amount": 100}')}),
 	'stale',
 	'workload: a stale reservation');
+# globex then sprays two new keys past its scope's rate
+is( $node->safe_psql(
+		'postgres',
+		q{SELECT string_agg(outcome::text, ' ') FROM generate_series(2, 3) i,
+		         idem_reserve('globex', 'payments', 'g' || i, '{"amount": 100}')}),
+	'rate_limited rate_limited',
+	'workload: new keys over the rate');
 # outbox: a dead letter, a leased row and a pending one
 $node->safe_psql(
 	'postgres', q{
@@ -212,11 +220,13 @@ my %globex = (datname => 'postgres', tenant => 'globex', scope => 'payments');
 my %counters = (
 	acme => {
 		created => 4, replayed => 2, mismatched => 1, in_progress => 1,
-		stale => 0, completed => 3, released => 0, reaped => 0, swept => 0
+		stale => 0, completed => 3, released => 0, reaped => 0, swept => 0,
+		rate_limited => 0
 	},
 	globex => {
 		created => 1, replayed => 0, mismatched => 0, in_progress => 0,
-		stale => 1, completed => 0, released => 0, reaped => 0, swept => 0
+		stale => 1, completed => 0, released => 0, reaped => 0, swept => 0,
+		rate_limited => 2
 	});
 for my $c (sort keys %{ $counters{acme} })
 {
