@@ -293,10 +293,14 @@ CREATE OR REPLACE VIEW idempotency.dead_letters AS
  */
 ALTER TABLE idempotency.scopes ADD COLUMN retryable_codes int[];
 
-/* Key spraying: a rate of new keys per tenant, answered rate_limited (429). */
+/*
+ * Key spraying: a rate of new keys per tenant, and a quota of live keys per
+ * tenant, answered rate_limited (429).
+ */
 ALTER TYPE idempotency.outcome ADD VALUE 'rate_limited';
 ALTER TABLE idempotency.scopes ADD COLUMN new_keys_per_second float8,
-    ADD COLUMN new_keys_burst int;
+    ADD COLUMN new_keys_burst int,
+    ADD COLUMN max_live_keys int;
 
 DROP FUNCTION @extschema@.idem_complete(text, text, text, int, jsonb, jsonb, uuid);
 CREATE FUNCTION @extschema@.idem_complete(tenant text, scope text, key text,
@@ -325,7 +329,7 @@ DECLARE
     valid constant text[] := ARRAY['ttl', 'lock_timeout', 'cache_server_errors',
                                    'stale_action', 'fingerprint_ignore',
                                    'retryable_codes', 'new_keys_per_second',
-                                   'new_keys_burst'];
+                                   'new_keys_burst', 'max_live_keys'];
     unknown text;
     opt text;
     v jsonb;
@@ -338,6 +342,7 @@ DECLARE
     p_retryable int[];
     p_rate float8;
     p_burst int;
+    p_max_live int;
     result idempotency.scopes;
 BEGIN
     IF scope IS NULL OR scope = '' THEN
@@ -463,12 +468,23 @@ BEGIN
         END IF;
         p_burst := (v #>> '{}')::int;
     END IF;
+    v := options -> 'max_live_keys';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'number'
+           OR (v #>> '{}')::numeric < 1 OR (v #>> '{}')::numeric > 1000000000
+           OR (v #>> '{}')::numeric <> pg_catalog.trunc((v #>> '{}')::numeric) THEN
+            RAISE EXCEPTION 'scope option "max_live_keys" must be an integer from 1 to 1000000000'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass how many unexpired keys a tenant may hold in this scope, such as 100000.';
+        END IF;
+        p_max_live := (v #>> '{}')::int;
+    END IF;
 
     INSERT INTO idempotency.scopes AS s
            (scope, ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore,
-            retryable_codes, new_keys_per_second, new_keys_burst)
+            retryable_codes, new_keys_per_second, new_keys_burst, max_live_keys)
     VALUES (idem_configure_scope.scope, p_ttl, p_lock_timeout, p_cache, p_stale, p_ignore,
-            p_retryable, p_rate, p_burst)
+            p_retryable, p_rate, p_burst, p_max_live)
     ON CONFLICT ON CONSTRAINT scopes_pkey DO UPDATE SET
         ttl = CASE WHEN options ? 'ttl' THEN EXCLUDED.ttl ELSE s.ttl END,
         lock_timeout = CASE WHEN options ? 'lock_timeout' THEN EXCLUDED.lock_timeout ELSE s.lock_timeout END,
@@ -477,14 +493,15 @@ BEGIN
         fingerprint_ignore = CASE WHEN options ? 'fingerprint_ignore' THEN EXCLUDED.fingerprint_ignore ELSE s.fingerprint_ignore END,
         retryable_codes = CASE WHEN options ? 'retryable_codes' THEN EXCLUDED.retryable_codes ELSE s.retryable_codes END,
         new_keys_per_second = CASE WHEN options ? 'new_keys_per_second' THEN EXCLUDED.new_keys_per_second ELSE s.new_keys_per_second END,
-        new_keys_burst = CASE WHEN options ? 'new_keys_burst' THEN EXCLUDED.new_keys_burst ELSE s.new_keys_burst END
+        new_keys_burst = CASE WHEN options ? 'new_keys_burst' THEN EXCLUDED.new_keys_burst ELSE s.new_keys_burst END,
+        max_live_keys = CASE WHEN options ? 'max_live_keys' THEN EXCLUDED.max_live_keys ELSE s.max_live_keys END
     RETURNING s.* INTO result;
     RETURN result;
 END
 $$;
 
 COMMENT ON FUNCTION @extschema@.idem_configure_scope(text, jsonb) IS
-'set the policy of a scope: ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore, retryable_codes, new_keys_per_second, new_keys_burst';
+'set the policy of a scope: ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore, retryable_codes, new_keys_per_second, new_keys_burst, max_live_keys';
 
 /* ---- guard.c: the coverage guard ---- */
 

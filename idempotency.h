@@ -123,12 +123,27 @@ extern struct _SPI_plan *idem_saved_plan(struct _SPI_plan **cache,
 extern bool idem_holds_reservation(char **scopes, int nscopes);
 
 /* ----------------------------------------------------------------
- * ratelimit.c: new keys per second per tenant, in shared memory
+ * ratelimit.c: rates and quotas of new keys per tenant, in shared memory
  * ----------------------------------------------------------------
  */
 extern void idem_rate_init(void);
 extern bool idem_rate_admit(const char *tenant, const char *scope,
 							double per_second, int burst, int *retry_after_s);
+
+/* max_live_keys: the answers of idem_quota_admit */
+typedef enum IdemQuota
+{
+	IDEM_QUOTA_ADMITTED,		/* room for one more key: taken */
+	IDEM_QUOTA_FULL,			/* at the quota: rate_limited */
+	IDEM_QUOTA_RECOUNT			/* count the live keys, then decide */
+} IdemQuota;
+
+extern IdemQuota idem_quota_admit(const char *tenant, const char *scope,
+								  int64 max_live, int *retry_after_s);
+extern bool idem_quota_recounted(const char *tenant, const char *scope,
+								 int64 max_live, int64 live,
+								 TimestampTz earliest_expiry,
+								 int *retry_after_s);
 
 /* ----------------------------------------------------------------
  * fingerprint.c: RFC 8785 canonical JSON and SHA-256

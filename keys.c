@@ -147,6 +147,7 @@ typedef struct ScopePolicy
 	uint64		retryable[8];	/* retryable_codes: bit (code - 100) */
 	double		new_keys_per_second;	/* 0: no limit */
 	int32		new_keys_burst;
+	int64		max_live_keys;	/* 0: no quota */
 } ScopePolicy;
 
 #define RETRYABLE_BIT(code) ((uint64) 1 << (((code) - 100) % 64))
@@ -282,6 +283,7 @@ static SPIPlanPtr plan_checkpoint = NULL;
 static SPIPlanPtr plan_scope = NULL;
 static SPIPlanPtr plan_scope_10 = NULL;	/* before ALTER EXTENSION UPDATE */
 static SPIPlanPtr plan_lookup = NULL;
+static SPIPlanPtr plan_count_live = NULL;
 
 int			idem_default_ttl = 24 * 60 * 60;
 int			idem_default_lock_timeout = 5 * 60;
@@ -917,7 +919,8 @@ keys_scope_policy(const char *scope, ScopePolicy *policy, bool with_ignore)
 							   "SELECT ttl, lock_timeout, cache_server_errors,"
 							   " stale_action OPERATOR(pg_catalog.=) 'takeover',"
 							   " fingerprint_ignore, retryable_codes,"
-							   " new_keys_per_second, new_keys_burst"
+							   " new_keys_per_second, new_keys_burst,"
+							   " max_live_keys"
 							   " FROM idempotency.scopes WHERE scope = $1",
 							   1, argtypes, 0);
 	else
@@ -925,7 +928,8 @@ keys_scope_policy(const char *scope, ScopePolicy *policy, bool with_ignore)
 							   "SELECT ttl, lock_timeout, cache_server_errors,"
 							   " stale_action OPERATOR(pg_catalog.=) 'takeover',"
 							   " fingerprint_ignore, NULL::pg_catalog.int4[],"
-							   " NULL::pg_catalog.float8, NULL::pg_catalog.int4"
+							   " NULL::pg_catalog.float8, NULL::pg_catalog.int4,"
+							   " NULL::pg_catalog.int4"
 							   " FROM idempotency.scopes WHERE scope = $1",
 							   1, argtypes, 0);
 	values[0] = CStringGetTextDatum(scope);
@@ -970,6 +974,9 @@ keys_scope_policy(const char *scope, ScopePolicy *policy, bool with_ignore)
 				(int32) Max(1.0, ceil(policy->new_keys_per_second)) :
 				DatumGetInt32(d);
 		}
+		d = SPI_getbinval(tup, desc, 9, &isnull);
+		if (!isnull && OidIsValid(outcome_oids[OUTCOME_RATE_LIMITED]))
+			policy->max_live_keys = DatumGetInt32(d);
 	}
 
 	if (!cacheable)
@@ -1213,18 +1220,84 @@ reserve_flag_stale(KeyIdent *id)
 }
 
 /*
- * A scope that limits new keys per tenant: when this one would go over,
- * answer rate_limited (429, retry_after) and write nothing.
+ * Count the live keys of the key's tenant and scope: in flight, or not yet
+ * expired at "now".  Sets *earliest_expiry to the earliest expiry of the
+ * finished ones (0 when there are none).
+ */
+static int64
+keys_count_live(KeyIdent *id, TimestampTz now, TimestampTz *earliest_expiry)
+{
+	Oid			argtypes[3] = {TEXTOID, TEXTOID, TIMESTAMPTZOID};
+	Datum		values[3];
+	bool		isnull;
+	Datum		d;
+	int64		live;
+
+	idem_saved_plan(&plan_count_live,
+					"SELECT pg_catalog.count(*),"
+					" pg_catalog.min(expires_at) FILTER"
+					" (WHERE status OPERATOR(pg_catalog.<>) 'processing')"
+					" FROM idempotency.keys"
+					" WHERE tenant_id = $1 AND scope = $2"
+					" AND (status OPERATOR(pg_catalog.=) 'processing'"
+					" OR expires_at OPERATOR(pg_catalog.>) $3)",
+					3, argtypes, 0);
+	values[0] = id->values[0];
+	values[1] = id->values[1];
+	values[2] = TimestampTzGetDatum(now);
+	/* not read-only: the transaction's own new keys count */
+	idem_spi_execute(plan_count_live, values, NULL, false, 1);
+	live = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 1, &isnull));
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
+					  &isnull);
+	*earliest_expiry = isnull ? 0 : DatumGetTimestampTz(d);
+	return live;
+}
+
+/*
+ * Room for one more live key under the scope's max_live_keys: shared
+ * memory answers, and the keys are counted only when it says the tenant
+ * is at its quota (at most once a second per tenant and scope).
+ */
+static bool
+reserve_quota_admit(KeyIdent *id, const ScopePolicy *policy, TimestampTz now,
+					int *retry_after)
+{
+	TimestampTz earliest_expiry;
+	int64		live;
+
+	switch (idem_quota_admit(id->tenant, id->scope, policy->max_live_keys,
+							 retry_after))
+	{
+		case IDEM_QUOTA_ADMITTED:
+			return true;
+		case IDEM_QUOTA_FULL:
+			return false;
+		case IDEM_QUOTA_RECOUNT:
+			break;
+	}
+	live = keys_count_live(id, now, &earliest_expiry);
+	return idem_quota_recounted(id->tenant, id->scope, policy->max_live_keys,
+								live, earliest_expiry, retry_after);
+}
+
+/*
+ * A scope that limits new keys per tenant (a rate, a quota of live keys):
+ * when this one would go over, answer rate_limited (429, retry_after) and
+ * write nothing.
  */
 static bool
 reserve_rate_limited(KeyIdent *id, const ScopePolicy *policy,
-					 ReserveAnswer *ans)
+					 TimestampTz now, ReserveAnswer *ans)
 {
-	int			retry_after;
+	int			retry_after = 0;
 
-	if (policy->new_keys_per_second <= 0 ||
-		idem_rate_admit(id->tenant, id->scope, policy->new_keys_per_second,
-						policy->new_keys_burst, &retry_after))
+	if ((policy->new_keys_per_second <= 0 ||
+		 idem_rate_admit(id->tenant, id->scope, policy->new_keys_per_second,
+						 policy->new_keys_burst, &retry_after)) &&
+		(policy->max_live_keys <= 0 ||
+		 reserve_quota_admit(id, policy, now, &retry_after)))
 		return false;
 	ans->outcome = OUTCOME_RATE_LIMITED;
 	ans->http_status = 429;
@@ -1247,7 +1320,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 	if (row->status != status_oids[STATUS_PROCESSING] && row->expires_at <= now)
 	{
 		/* expired: the same key is a new request */
-		if (reserve_rate_limited(id, policy, ans))
+		if (reserve_rate_limited(id, policy, now, ans))
 			return false;
 		keys_new_token(DatumGetUUIDP(newvalues[4]));
 		if (!reserve_renew(newvalues))
@@ -1397,7 +1470,7 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 		}
 		if (!found)
 		{
-			if (reserve_rate_limited(id, policy, ans))
+			if (reserve_rate_limited(id, policy, now, ans))
 				return false;
 			keys_new_token(token);
 			reserve_insert(newvalues);

@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * ratelimit.c
- *	  Rates of new keys per tenant, in shared memory: a scope that sets
- *	  new_keys_per_second answers "rate_limited" to a tenant that creates
- *	  keys faster than that, without writing anything.
+ *	  Rates and quotas of new keys per tenant, in shared memory: a scope
+ *	  that sets new_keys_per_second answers "rate_limited" to a tenant that
+ *	  creates keys faster than that, and one that sets max_live_keys to a
+ *	  tenant that holds that many unexpired keys, without writing anything.
  *
  * Each (database, tenant, scope) has one 64-bit word, the "theoretical
  * arrival time" of the generic cell rate algorithm (GCRA, a token bucket
@@ -18,6 +19,15 @@
  * its entry.  The table holds RATE_MAX_ENTRIES pairs; when it is full it
  * is emptied (every pair starts again with a full burst), which only ever
  * lets a little more through, never less.
+ *
+ * A quota keeps, in the same entry, the pair's live keys as last counted
+ * plus the keys admitted since.  Below the quota a new key costs one atomic
+ * add.  At the quota the caller counts again (a query over the pair's keys,
+ * which sees the keys that expired or were released since), at most once a
+ * second per pair; between counts the answer is rate_limited, with
+ * retry_after until the earliest of the pair's keys expires.  So a tenant
+ * can go over its quota only by the keys being created at the very moment
+ * of a count, and a sprayer at its quota costs one count a second.
  *
  * The state is soft: it is lost at a restart.  It needs the library in
  * shared_preload_libraries; a scope that sets a rate without it is an
@@ -49,10 +59,19 @@ typedef struct RateKey
 	uint64		pair;			/* hash of tenant and scope */
 } RateKey;
 
+/* an entry's live count before the first count of its keys */
+#define LIVE_UNKNOWN PG_INT64_MAX
+
+/* no more than one count of a pair's keys per RECOUNT_INTERVAL */
+#define RECOUNT_INTERVAL USECS_PER_SEC
+
 typedef struct RateEntry
 {
 	RateKey		key;			/* hash key: must be first */
 	pg_atomic_uint64 tat;		/* theoretical arrival time, microseconds */
+	pg_atomic_uint64 live;		/* live keys: last count + admitted since */
+	pg_atomic_uint64 recount_at;	/* no count before, microseconds */
+	pg_atomic_uint64 expiry;	/* earliest expiry at the last count, or 0 */
 } RateEntry;
 
 typedef struct RateShared
@@ -140,24 +159,17 @@ rate_step(RateEntry *entry, int64 now, int64 interval, int64 tolerance,
 }
 
 /*
- * idem_rate_admit
- *		Admit one new key of (tenant, scope) at "per_second" keys a second
- *		with bursts of "burst", or return false and set *retry_after_s
- *		(whole seconds, at least 1).  Raises 55000 when the library was not
- *		preloaded.
+ * The entry of (tenant, scope) in this database, created when missing, with
+ * the table's lock held (in shared mode, or exclusive when it created the
+ * entry): the caller releases it.  Raises 55000 when the library was not
+ * preloaded, naming "option" as what needs it.
  */
-bool
-idem_rate_admit(const char *tenant, const char *scope, double per_second,
-				int burst, int *retry_after_s)
+static RateEntry *
+rate_entry_locked(const char *tenant, const char *scope, const char *option)
 {
 	RateKey		key;
 	RateEntry  *entry;
 	uint32		hashcode;
-	int64		now = (int64) GetCurrentTimestamp();
-	int64		interval;
-	int64		tolerance;
-	int64		wait_us = 0;
-	bool		admitted;
 	bool		found;
 
 	if (rate_state == NULL || rate_hash == NULL)
@@ -165,12 +177,8 @@ idem_rate_admit(const char *tenant, const char *scope, double per_second,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("scope \"%s\" limits new keys, which needs idempotency in shared_preload_libraries",
 						scope),
-				 errhint("Add idempotency to shared_preload_libraries and restart, or remove the scope's new_keys_per_second.")));
-
-	interval = (int64) (USECS_PER_SEC / per_second);
-	if (interval < 1)
-		interval = 1;
-	tolerance = interval * (int64) (burst - 1);
+				 errhint("Add idempotency to shared_preload_libraries and restart, or remove the scope's %s.",
+						 option)));
 
 	memset(&key, 0, sizeof(key));
 	key.dbid = MyDatabaseId;
@@ -184,42 +192,162 @@ idem_rate_admit(const char *tenant, const char *scope, double per_second,
 	entry = hash_search_with_hash_value(rate_hash, &key, hashcode,
 										HASH_FIND, NULL);
 	if (entry != NULL)
-	{
-		admitted = rate_step(entry, now, interval, tolerance, &wait_us);
-		LWLockRelease(rate_state->lock);
-	}
-	else
-	{
-		LWLockRelease(rate_state->lock);
-		LWLockAcquire(rate_state->lock, LW_EXCLUSIVE);
-		entry = hash_search_with_hash_value(rate_hash, &key, hashcode,
-											HASH_FIND, NULL);
-		if (entry == NULL &&
-			hash_get_num_entries(rate_hash) >= RATE_MAX_ENTRIES)
-		{
-			/*
-			 * Full: start every pair over rather than refuse to track or
-			 * take shared memory that was sized for others.
-			 */
-			HASH_SEQ_STATUS status;
-			RateEntry  *e;
+		return entry;
 
-			hash_seq_init(&status, rate_hash);
-			while ((e = hash_seq_search(&status)) != NULL)
-				(void) hash_search(rate_hash, &e->key, HASH_REMOVE, NULL);
-		}
-		entry = hash_search_with_hash_value(rate_hash, &key, hashcode,
-											HASH_ENTER, &found);
-		if (!found)
-			pg_atomic_init_u64(&entry->tat, 0);
-		admitted = rate_step(entry, now, interval, tolerance, &wait_us);
-		LWLockRelease(rate_state->lock);
+	LWLockRelease(rate_state->lock);
+	LWLockAcquire(rate_state->lock, LW_EXCLUSIVE);
+	entry = hash_search_with_hash_value(rate_hash, &key, hashcode,
+										HASH_FIND, NULL);
+	if (entry == NULL &&
+		hash_get_num_entries(rate_hash) >= RATE_MAX_ENTRIES)
+	{
+		/*
+		 * Full: start every pair over rather than refuse to track or take
+		 * shared memory that was sized for others.
+		 */
+		HASH_SEQ_STATUS status;
+		RateEntry  *e;
+
+		hash_seq_init(&status, rate_hash);
+		while ((e = hash_seq_search(&status)) != NULL)
+			(void) hash_search(rate_hash, &e->key, HASH_REMOVE, NULL);
 	}
+	entry = hash_search_with_hash_value(rate_hash, &key, hashcode,
+										HASH_ENTER, &found);
+	if (!found)
+	{
+		pg_atomic_init_u64(&entry->tat, 0);
+		pg_atomic_init_u64(&entry->live, (uint64) LIVE_UNKNOWN);
+		pg_atomic_init_u64(&entry->recount_at, 0);
+		pg_atomic_init_u64(&entry->expiry, 0);
+	}
+	return entry;
+}
+
+/* Whole seconds from "wait_us" microseconds, from 1 to a day. */
+static int
+rate_seconds(int64 wait_us)
+{
+	int64		secs = (wait_us + USECS_PER_SEC - 1) / USECS_PER_SEC;
+
+	return (int) Max(1, Min(secs, (int64) 86400));
+}
+
+/*
+ * idem_rate_admit
+ *		Admit one new key of (tenant, scope) at "per_second" keys a second
+ *		with bursts of "burst", or return false and set *retry_after_s
+ *		(whole seconds, at least 1).  Raises 55000 when the library was not
+ *		preloaded.
+ */
+bool
+idem_rate_admit(const char *tenant, const char *scope, double per_second,
+				int burst, int *retry_after_s)
+{
+	RateEntry  *entry;
+	int64		now = (int64) GetCurrentTimestamp();
+	int64		interval;
+	int64		tolerance;
+	int64		wait_us = 0;
+	bool		admitted;
+
+	interval = (int64) (USECS_PER_SEC / per_second);
+	if (interval < 1)
+		interval = 1;
+	tolerance = interval * (int64) (burst - 1);
+
+	entry = rate_entry_locked(tenant, scope, "new_keys_per_second");
+	admitted = rate_step(entry, now, interval, tolerance, &wait_us);
+	LWLockRelease(rate_state->lock);
 
 	if (!admitted)
-		*retry_after_s = (int) Min((wait_us + USECS_PER_SEC - 1) / USECS_PER_SEC,
-								   (int64) 86400);
-	if (!admitted && *retry_after_s < 1)
-		*retry_after_s = 1;
+		*retry_after_s = rate_seconds(wait_us);
+	return admitted;
+}
+
+/* retry_after for a pair at its quota: until its earliest key expires */
+static int
+quota_retry_after(RateEntry *entry, int64 now)
+{
+	int64		expiry = (int64) pg_atomic_read_u64(&entry->expiry);
+
+	return expiry > now ? rate_seconds(expiry - now) : 1;
+}
+
+/*
+ * Take one key from the room left under "max_live"; when none is left,
+ * the answer is QUOTA_RECOUNT if this backend may count now (it claims the
+ * count), else QUOTA_FULL.
+ */
+static IdemQuota
+quota_take(RateEntry *entry, int64 max_live, int64 now, int *retry_after_s)
+{
+	uint64		recount_at;
+
+	if ((int64) pg_atomic_fetch_add_u64(&entry->live, 1) < max_live)
+		return IDEM_QUOTA_ADMITTED;
+	(void) pg_atomic_fetch_sub_u64(&entry->live, 1);
+
+	recount_at = pg_atomic_read_u64(&entry->recount_at);
+	if (now >= (int64) recount_at &&
+		pg_atomic_compare_exchange_u64(&entry->recount_at, &recount_at,
+									   (uint64) (now + RECOUNT_INTERVAL)))
+		return IDEM_QUOTA_RECOUNT;
+	*retry_after_s = quota_retry_after(entry, now);
+	return IDEM_QUOTA_FULL;
+}
+
+/*
+ * idem_quota_admit
+ *		Admit one new key of (tenant, scope) under a quota of "max_live"
+ *		live keys: IDEM_QUOTA_ADMITTED, IDEM_QUOTA_FULL (with
+ *		*retry_after_s set), or IDEM_QUOTA_RECOUNT: the caller counts the
+ *		pair's live keys and passes the count to idem_quota_recounted, which
+ *		decides.  Raises 55000 when the library was not preloaded.
+ */
+IdemQuota
+idem_quota_admit(const char *tenant, const char *scope, int64 max_live,
+				 int *retry_after_s)
+{
+	RateEntry  *entry;
+	int64		now = (int64) GetCurrentTimestamp();
+	IdemQuota	answer;
+
+	entry = rate_entry_locked(tenant, scope, "max_live_keys");
+	if ((int64) pg_atomic_read_u64(&entry->live) == LIVE_UNKNOWN)
+		answer = IDEM_QUOTA_RECOUNT;
+	else
+		answer = quota_take(entry, max_live, now, retry_after_s);
+	LWLockRelease(rate_state->lock);
+	return answer;
+}
+
+/*
+ * idem_quota_recounted
+ *		The pair has "live" live keys (counted after idem_quota_admit said
+ *		IDEM_QUOTA_RECOUNT), the earliest of which expires at
+ *		"earliest_expiry" (0 when unknown): remember both, and admit one
+ *		new key if there is room (else false, with *retry_after_s set).
+ */
+bool
+idem_quota_recounted(const char *tenant, const char *scope, int64 max_live,
+					 int64 live, TimestampTz earliest_expiry,
+					 int *retry_after_s)
+{
+	RateEntry  *entry;
+	int64		now = (int64) GetCurrentTimestamp();
+	bool		admitted;
+
+	entry = rate_entry_locked(tenant, scope, "max_live_keys");
+	pg_atomic_write_u64(&entry->expiry, (uint64) Max(earliest_expiry, 0));
+	pg_atomic_write_u64(&entry->recount_at, (uint64) (now + RECOUNT_INTERVAL));
+	pg_atomic_write_u64(&entry->live, (uint64) live);
+	admitted = (int64) pg_atomic_fetch_add_u64(&entry->live, 1) < max_live;
+	if (!admitted)
+	{
+		(void) pg_atomic_fetch_sub_u64(&entry->live, 1);
+		*retry_after_s = quota_retry_after(entry, now);
+	}
+	LWLockRelease(rate_state->lock);
 	return admitted;
 }

@@ -114,6 +114,7 @@ CREATE TABLE idempotency.scopes (
     retryable_codes     int[],
     new_keys_per_second float8,
     new_keys_burst      int,
+    max_live_keys       int,
     CONSTRAINT scopes_ttl_positive CHECK (ttl > interval '0'),
     CONSTRAINT scopes_lock_timeout_positive CHECK (lock_timeout > interval '0')
 );

@@ -90,7 +90,8 @@ REVOKE EXECUTE ON FUNCTION idem_resolve(text, text, text, int, jsonb) FROM PUBLI
  * lock_timeout (interval text or seconds), cache_server_errors (boolean),
  * stale_action ("fail" or "takeover"), fingerprint_ignore (array of JSON
  * Pointers), retryable_codes (status codes never stored),
- * new_keys_per_second and new_keys_burst (a rate of new keys per tenant); a
+ * new_keys_per_second and new_keys_burst (a rate of new keys per tenant),
+ * max_live_keys (a quota of unexpired keys per tenant); a
  * member set to null goes back to the default, members not given keep
  * their value.  Everything is checked before the row is written.
  */
@@ -103,7 +104,7 @@ DECLARE
     valid constant text[] := ARRAY['ttl', 'lock_timeout', 'cache_server_errors',
                                    'stale_action', 'fingerprint_ignore',
                                    'retryable_codes', 'new_keys_per_second',
-                                   'new_keys_burst'];
+                                   'new_keys_burst', 'max_live_keys'];
     unknown text;
     opt text;
     v jsonb;
@@ -116,6 +117,7 @@ DECLARE
     p_retryable int[];
     p_rate float8;
     p_burst int;
+    p_max_live int;
     result idempotency.scopes;
 BEGIN
     IF scope IS NULL OR scope = '' THEN
@@ -241,12 +243,23 @@ BEGIN
         END IF;
         p_burst := (v #>> '{}')::int;
     END IF;
+    v := options -> 'max_live_keys';
+    IF v IS NOT NULL AND v <> 'null' THEN
+        IF pg_catalog.jsonb_typeof(v) <> 'number'
+           OR (v #>> '{}')::numeric < 1 OR (v #>> '{}')::numeric > 1000000000
+           OR (v #>> '{}')::numeric <> pg_catalog.trunc((v #>> '{}')::numeric) THEN
+            RAISE EXCEPTION 'scope option "max_live_keys" must be an integer from 1 to 1000000000'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass how many unexpired keys a tenant may hold in this scope, such as 100000.';
+        END IF;
+        p_max_live := (v #>> '{}')::int;
+    END IF;
 
     INSERT INTO idempotency.scopes AS s
            (scope, ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore,
-            retryable_codes, new_keys_per_second, new_keys_burst)
+            retryable_codes, new_keys_per_second, new_keys_burst, max_live_keys)
     VALUES (idem_configure_scope.scope, p_ttl, p_lock_timeout, p_cache, p_stale, p_ignore,
-            p_retryable, p_rate, p_burst)
+            p_retryable, p_rate, p_burst, p_max_live)
     ON CONFLICT ON CONSTRAINT scopes_pkey DO UPDATE SET
         ttl = CASE WHEN options ? 'ttl' THEN EXCLUDED.ttl ELSE s.ttl END,
         lock_timeout = CASE WHEN options ? 'lock_timeout' THEN EXCLUDED.lock_timeout ELSE s.lock_timeout END,
@@ -255,14 +268,15 @@ BEGIN
         fingerprint_ignore = CASE WHEN options ? 'fingerprint_ignore' THEN EXCLUDED.fingerprint_ignore ELSE s.fingerprint_ignore END,
         retryable_codes = CASE WHEN options ? 'retryable_codes' THEN EXCLUDED.retryable_codes ELSE s.retryable_codes END,
         new_keys_per_second = CASE WHEN options ? 'new_keys_per_second' THEN EXCLUDED.new_keys_per_second ELSE s.new_keys_per_second END,
-        new_keys_burst = CASE WHEN options ? 'new_keys_burst' THEN EXCLUDED.new_keys_burst ELSE s.new_keys_burst END
+        new_keys_burst = CASE WHEN options ? 'new_keys_burst' THEN EXCLUDED.new_keys_burst ELSE s.new_keys_burst END,
+        max_live_keys = CASE WHEN options ? 'max_live_keys' THEN EXCLUDED.max_live_keys ELSE s.max_live_keys END
     RETURNING s.* INTO result;
     RETURN result;
 END
 $$;
 
 COMMENT ON FUNCTION idem_configure_scope(text, jsonb) IS
-'set the policy of a scope: ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore, retryable_codes, new_keys_per_second, new_keys_burst';
+'set the policy of a scope: ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore, retryable_codes, new_keys_per_second, new_keys_burst, max_live_keys';
 
 REVOKE EXECUTE ON FUNCTION idem_configure_scope(text, jsonb) FROM PUBLIC;
 

@@ -69,5 +69,46 @@ SELECT count(*) FILTER (WHERE outcome = 'created') AS created_by_others
        LATERAL idem_reserve('rl_t' || t, 'rl_full', 'k', fingerprint => sha256('k'));
 SELECT outcome FROM idem_reserve('rl_first', 'rl_full', 'k3', fingerprint => sha256('3'));
 
-DELETE FROM idempotency.keys WHERE tenant_id IN ('rl_a', 'rl_b', 'rl_first') OR tenant_id LIKE 'rl\_t%';
-DELETE FROM idempotency.scopes WHERE scope IN ('rl_scope', 'rl_fast', 'rl_full');
+-- a quota of live keys: at most 3 unexpired keys per tenant in the scope
+SELECT scope, max_live_keys
+  FROM idem_configure_scope('q_scope', '{"max_live_keys": 3, "ttl": "1 hour"}');
+CREATE TEMP TABLE q_answers AS
+SELECT k, r.*
+  FROM generate_series(1, 5) AS k,
+       LATERAL idem_reserve('q_a', 'q_scope', 'q-' || k, jsonb_build_object('k', k)) AS r;
+SELECT k, outcome, http_status, retry_after FROM q_answers ORDER BY k;
+SELECT count(*) AS keys_of_q_a FROM idempotency.keys WHERE tenant_id = 'q_a';
+-- retries of its keys still answer; another tenant has its own quota
+SELECT outcome FROM idem_reserve('q_a', 'q_scope', 'q-1', '{"k": 1}');
+SELECT k, outcome FROM generate_series(1, 3) AS k,
+       LATERAL idem_reserve('q_b', 'q_scope', 'b-' || k, jsonb_build_object('k', k));
+-- completed keys stay live until they expire: retry_after is until the
+-- earliest of them expires (the ttl, one hour)
+SELECT idem_complete('q_a', 'q_scope', 'q-' || k, 201, '{}', lock_token => lock_token)
+  FROM q_answers WHERE k IN (1, 3);
+SELECT pg_sleep(1.1);
+SELECT outcome, retry_after BETWEEN 3500 AND 3600 AS retry_after_about_1h
+  FROM idem_reserve('q_a', 'q_scope', 'q-6', '{"k": 6}');
+-- a released key gives its room back (counted again at most once a second)
+SELECT idem_release('q_a', 'q_scope', 'q-2', lock_token) FROM q_answers WHERE k = 2;
+SELECT pg_sleep(1.1);
+SELECT outcome FROM idem_reserve('q_a', 'q_scope', 'q-7', '{"k": 7}');
+SELECT outcome FROM idem_reserve('q_a', 'q_scope', 'q-8', '{"k": 8}');
+-- an expired key is not live
+UPDATE idempotency.keys SET expires_at = now() - interval '1 second'
+ WHERE tenant_id = 'q_a' AND idem_key = 'q-1';
+SELECT pg_sleep(1.1);
+SELECT outcome FROM idem_reserve('q_a', 'q_scope', 'q-9', '{"k": 9}');
+SELECT tenant, created, rate_limited FROM idempotency.stats
+ WHERE scope = 'q_scope' ORDER BY tenant;
+-- bad values are refused (22023) and change nothing; null lifts the quota
+SELECT pg_temp.err($$SELECT idem_configure_scope('q_scope', '{"max_live_keys": 0}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('q_scope', '{"max_live_keys": 2.5}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('q_scope', '{"max_live_keys": "10"}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('q_scope', '{"max_live_keys": 1000000001}')$$);
+SELECT max_live_keys FROM idempotency.scopes WHERE scope = 'q_scope';
+SELECT max_live_keys FROM idem_configure_scope('q_scope', '{"max_live_keys": null}');
+SELECT outcome FROM idem_reserve('q_a', 'q_scope', 'q-10', '{"k": 10}');
+
+DELETE FROM idempotency.keys WHERE tenant_id IN ('rl_a', 'rl_b', 'rl_first', 'q_a', 'q_b') OR tenant_id LIKE 'rl\_t%';
+DELETE FROM idempotency.scopes WHERE scope IN ('rl_scope', 'rl_fast', 'rl_full', 'q_scope');

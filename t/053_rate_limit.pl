@@ -59,6 +59,45 @@ is($node->safe_psql('postgres', q{
 is($node->safe_psql('postgres',
 		"SELECT created FROM idem_stats() WHERE tenant = 'spray'"),
 	50, 'only the created keys were counted as created');
+
+# a quota of live keys, under the same storm: the sprayer fills its quota
+# and is refused from then on (over it only by the keys being created at
+# the moment of a count: at most one per other connection), while the
+# honest tenant's requests all pass
+$node->safe_psql('postgres', q{
+	SELECT idem_configure_scope('POST /v1/refunds', '{"max_live_keys": 50}')});
+sub quota_script
+{
+	my ($tenant) = @_;
+	my $file = "$dir/$tenant-quota.sql";
+	open(my $fh, '>', $file) or die;
+	print $fh "\\set k random(1, 1000000000000)\n"
+	  . "SELECT outcome FROM idem_reserve('$tenant', 'POST /v1/refunds', "
+	  . "'k-' || :client_id || '-' || :k, fingerprint => sha256((:k)::text::bytea));\n";
+	close $fh;
+	return $file;
+}
+$spray = IPC::Run::start(
+	[ 'pgbench', '-n', '-c', '4', '-j', '2', '-t', '250', '-f', quota_script('spray'), @conn ],
+	'>', "$dir/spray-quota.out", '2>&1');
+$honest = IPC::Run::start(
+	[ 'pgbench', '-n', '-c', '2', '-j', '1', '-t', '20', '-f', quota_script('honest'), @conn ],
+	'>', "$dir/honest-quota.out", '2>&1');
+ok($spray->finish, 'the sprayer ran its 1000 reservations against the quota')
+  or diag(slurp_file("$dir/spray-quota.out"));
+ok($honest->finish, 'the honest tenant ran its 40 reservations')
+  or diag(slurp_file("$dir/honest-quota.out"));
+my $sprayed = $node->safe_psql('postgres',
+	"SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'spray' AND scope = 'POST /v1/refunds'");
+cmp_ok($sprayed, '>=', 50, 'the sprayer filled its quota');
+cmp_ok($sprayed, '<=', 53, 'and went over it by at most one key per other connection');
+is($node->safe_psql('postgres',
+		"SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'honest' AND scope = 'POST /v1/refunds'"),
+	40, 'every request of the other tenant created its key');
+is($node->safe_psql('postgres',
+		"SELECT (created + rate_limited)::text || ' ' || (created = $sprayed)::text"
+		  . " FROM idem_stats() WHERE tenant = 'spray' AND scope = 'POST /v1/refunds'"),
+	'1000 true', 'every other reservation was answered rate_limited');
 $node->stop;
 
 # without shared memory the limit cannot be kept: refused, not ignored
@@ -73,6 +112,13 @@ like($err, qr/55000: scope "limited" limits new keys, which needs idempotency in
 	'a rate without shared_preload_libraries is 55000');
 is($bare->safe_psql('postgres', 'SELECT count(*) FROM idempotency.keys'),
 	0, 'and nothing was written');
+$bare->safe_psql('postgres', q{
+	SELECT idem_configure_scope('quota', '{"max_live_keys": 5}')});
+($rc, $out, $err) = $bare->psql('postgres',
+	q{SELECT outcome FROM idem_reserve('a', 'quota', 'k1', '{}')},
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+like($err, qr/55000: scope "quota" limits new keys.*HINT:.*max_live_keys/s,
+	'a quota without shared_preload_libraries is 55000 too');
 is($bare->safe_psql('postgres',
 		q{SELECT outcome FROM idem_reserve('a', 'unlimited', 'k1', '{}')}),
 	'created', 'scopes without a rate work as before');

@@ -5,8 +5,9 @@
 #   new request: BEGIN; reserve; INSERT order; INSERT event; complete; COMMIT
 #   new_exec:    the same as one statement: idem_execute with a handler that
 #                writes the order and the event
-#   new_rated:   new request in a scope with a rate of new keys per tenant
-#                (never reached: the cost of the check)
+#   new_rated:   new request in a scope with a rate of new keys and a quota
+#                of live keys per tenant (never reached: the cost of the
+#                checks)
 #   replay:      reserve of a completed key
 #
 # Baselines: "plpgsql" (a naive PL/pgSQL implementation, setup.sql), "sql"
@@ -86,7 +87,7 @@ compare "ceiling: free idempotency vs naive PL/pgSQL (durable):" new_floor new_p
 compare "new request vs naive PL/pgSQL (synchronous_commit off):" new_ext_async new_plpgsql_async
 compare "new request vs bare SQL (synchronous_commit off):" new_ext_async new_sql_async
 compare "new request vs no idempotency (synchronous_commit off):" new_ext_async new_none_async
-compare "new request, scope with a rate limit, vs without (async):" new_rated_async new_ext_async ">= 0.95"
+compare "new request, scope with a rate and a quota, vs without (async):" new_rated_async new_ext_async ">= 0.95"
 compare "idem_execute vs naive PL/pgSQL (synchronous_commit off):" new_exec_async new_plpgsql_async ">= 2.0"
 compare "idem_execute vs six statements (synchronous_commit off):" new_exec_async new_ext_async
 compare "replay vs naive PL/pgSQL:" replay_ext replay_plpgsql ">= 1.5"
@@ -97,5 +98,5 @@ echo "  idem_reserve ${pc_ext} us, naive PL/pgSQL ${pc_plpgsql} us: $(ratio "$pc
 pc_new=$(echo "$percall" | awk '$1 == "new_ext" {print $2}')
 pc_rated=$(echo "$percall" | awk '$1 == "new_rated" {print $2}')
 echo "new key, server-side cost per call (2000 calls in one statement, best of 2):"
-echo "  without a rate ${pc_new} us, with a rate of new keys ${pc_rated} us: $(ratio "$pc_new" "$pc_rated")x (target >= 0.95)"
+echo "  without limits ${pc_new} us, with a rate and a quota of new keys ${pc_rated} us: $(ratio "$pc_new" "$pc_rated")x (target >= 0.95)"
 psql -X -q -d postgres -c 'DROP DATABASE bench_keys'

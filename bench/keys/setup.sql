@@ -102,7 +102,8 @@ BEGIN
 END
 $$;
 
--- A scope with a rate of new keys per tenant far above what the bench
--- reaches: the cost of the check, never a refusal.
+-- A scope with a rate of new keys and a quota of live keys per tenant far
+-- above what the bench reaches: the cost of the checks, never a refusal.
 SELECT scope FROM idem_configure_scope('orders_rated',
-    '{"new_keys_per_second": 1000000, "new_keys_burst": 1000000}');
+    '{"new_keys_per_second": 1000000, "new_keys_burst": 1000000,
+      "max_live_keys": 1000000000}');
