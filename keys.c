@@ -1024,10 +1024,28 @@ idem_scopes_changed(PG_FUNCTION_ARGS)
 static void
 keys_new_token(pg_uuid_t *token)
 {
-	if (!pg_strong_random(token->data, UUID_LEN))
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not generate a random lock token")));
+	/*
+	 * Tokens come from the strong random source, drawn TOKEN_BATCH at a time:
+	 * each draw has a fixed cost (OpenSSL checks for a fork) that was a
+	 * tenth of a new reservation's.  The bytes of a draw are handed out once
+	 * and never kept past it.  The buffer is filled in the backend, never
+	 * before a fork.
+	 */
+#define TOKEN_BATCH 32
+	static uint8 pool[TOKEN_BATCH * UUID_LEN];
+	static int	pool_next = TOKEN_BATCH;
+
+	if (pool_next >= TOKEN_BATCH)
+	{
+		if (!pg_strong_random(pool, sizeof(pool)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INTERNAL_ERROR),
+					 errmsg("could not generate a random lock token")));
+		pool_next = 0;
+	}
+	memcpy(token->data, pool + pool_next * UUID_LEN, UUID_LEN);
+	explicit_bzero(pool + pool_next * UUID_LEN, UUID_LEN);
+	pool_next++;
 	/* version 4, variant RFC 4122, as gen_random_uuid() */
 	token->data[6] = (token->data[6] & 0x0f) | 0x40;
 	token->data[8] = (token->data[8] & 0x3f) | 0x80;

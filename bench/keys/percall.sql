@@ -1,5 +1,6 @@
--- Server-side cost of one replay call, without the client round trip:
--- 50000 calls in one statement, as microseconds per call.
+-- Server-side cost per call, without the client round trip: replays (50000
+-- calls in one statement), new keys, and new keys reserved and completed
+-- (2000 in one statement), as microseconds per call.
 CREATE TEMP TABLE percall (variant text, usecs float8);
 DO $$
 DECLARE
@@ -7,6 +8,8 @@ DECLARE
     n int;
     us_new float8;
     us_rated float8;
+    us_nc float8;
+    us_nc_naive float8;
     body jsonb := '{"customer": "cus_42", "amount": 19.99, "currency": "EUR", "items": [{"sku": "A-1", "qty": 2}, {"sku": "B-7", "qty": 1}]}';
 BEGIN
     FOR round IN 1..2 LOOP
@@ -42,6 +45,30 @@ BEGIN
             NULL;
         END;
         INSERT INTO percall VALUES ('new_ext', us_new), ('new_rated', us_rated);
+        -- a new key reserved and completed, against the naive pair
+        BEGIN
+            t0 := clock_timestamp();
+            SELECT count(*) INTO n FROM generate_series(1, 2000) g,
+                   LATERAL idem_reserve('bench', 'orders', 'nc-' || round || '-' || g, body) r,
+                   LATERAL idem_complete('bench', 'orders', 'nc-' || round || '-' || g, 201,
+                                         '{"id": 1, "status": "paid"}', lock_token => r.lock_token) c;
+            us_nc := extract(epoch FROM clock_timestamp() - t0) * 1e6 / 2000;
+            RAISE EXCEPTION USING ERRCODE = 'P0004';
+        EXCEPTION WHEN assert_failure THEN
+            NULL;
+        END;
+        BEGIN
+            t0 := clock_timestamp();
+            SELECT count(*) INTO n FROM generate_series(1, 2000) g,
+                   LATERAL naive_reserve('bench', 'orders', 'nc-' || round || '-' || g, body) r,
+                   LATERAL naive_complete('bench', 'orders', 'nc-' || round || '-' || g, 201,
+                                          '{"id": 1, "status": "paid"}') c;
+            us_nc_naive := extract(epoch FROM clock_timestamp() - t0) * 1e6 / 2000;
+            RAISE EXCEPTION USING ERRCODE = 'P0004';
+        EXCEPTION WHEN assert_failure THEN
+            NULL;
+        END;
+        INSERT INTO percall VALUES ('newcomplete_ext', us_nc), ('newcomplete_plpgsql', us_nc_naive);
     END LOOP;
 END
 $$;

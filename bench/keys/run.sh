@@ -9,6 +9,8 @@
 #                of live keys per tenant (never reached: the cost of the
 #                checks)
 #   replay:      reserve of a completed key
+#   replay_pk:   the floor of a replay: one SELECT of the same row by its
+#                primary key
 #
 # Baselines: "plpgsql" (a naive PL/pgSQL implementation, setup.sql), "sql"
 # (the same statements sent as bare SQL) and, for new requests, "none" (the
@@ -34,7 +36,7 @@ tps() {
 }
 
 declare -A tps_of
-variants="new_ext new_exec new_plpgsql new_sql new_none new_floor replay_ext replay_plpgsql replay_sql
+variants="new_ext new_exec new_plpgsql new_sql new_none new_floor replay_ext replay_plpgsql replay_sql replay_pk
           new_ext_async new_rated_async new_exec_async new_plpgsql_async new_sql_async new_none_async"
 reversed=$(echo $variants | tr ' ' '\n' | tac | tr '\n' ' ')
 for round in 1 2; do
@@ -84,6 +86,7 @@ compare "new request vs no idempotency (durable commits):" new_ext new_none
 # floor / naive PL/pgSQL is the most any implementation of this workload
 # could reach against the naive one on this machine.
 compare "ceiling: free idempotency vs naive PL/pgSQL (durable):" new_floor new_plpgsql
+compare "new request vs the floor (durable commits):" new_ext new_floor ">= 0.95"
 compare "new request vs naive PL/pgSQL (synchronous_commit off):" new_ext_async new_plpgsql_async
 compare "new request vs bare SQL (synchronous_commit off):" new_ext_async new_sql_async
 compare "new request vs no idempotency (synchronous_commit off):" new_ext_async new_none_async
@@ -92,9 +95,14 @@ compare "idem_execute vs naive PL/pgSQL (synchronous_commit off):" new_exec_asyn
 compare "idem_execute vs six statements (synchronous_commit off):" new_exec_async new_ext_async
 compare "replay vs naive PL/pgSQL:" replay_ext replay_plpgsql ">= 1.5"
 compare "replay vs bare SQL:" replay_ext replay_sql
+compare "replay vs one SELECT of the row by primary key:" replay_ext replay_pk ">= 0.95"
 echo
 echo "replay, server-side cost per call (50000 calls in one statement, best of 2):"
-echo "  idem_reserve ${pc_ext} us, naive PL/pgSQL ${pc_plpgsql} us: $(ratio "$pc_plpgsql" "$pc_ext")x"
+echo "  idem_reserve ${pc_ext} us, naive PL/pgSQL ${pc_plpgsql} us: $(ratio "$pc_plpgsql" "$pc_ext")x (target >= 3.0)"
+pc_nc=$(echo "$percall" | awk '$1 == "newcomplete_ext" {print $2}')
+pc_nc_plpgsql=$(echo "$percall" | awk '$1 == "newcomplete_plpgsql" {print $2}')
+echo "new key reserved and completed, server-side cost per pair (2000 pairs in one statement, best of 2):"
+echo "  idem_reserve + idem_complete ${pc_nc} us, naive PL/pgSQL ${pc_nc_plpgsql} us: $(ratio "$pc_nc_plpgsql" "$pc_nc")x (target >= 2.0)"
 pc_new=$(echo "$percall" | awk '$1 == "new_ext" {print $2}')
 pc_rated=$(echo "$percall" | awk '$1 == "new_rated" {print $2}')
 echo "new key, server-side cost per call (2000 calls in one statement, best of 2):"
