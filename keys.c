@@ -1323,11 +1323,19 @@ reserve_rate_limited(KeyIdent *id, const ScopePolicy *policy,
 	return true;
 }
 
+/* What reserve_decide did with a key whose row exists. */
+typedef enum ReserveDecision
+{
+	DECIDED_READ,				/* answered from the row, nothing written */
+	DECIDED_WROTE,				/* wrote the row: the key's lock is kept */
+	DECIDED_READ_AGAIN			/* the row changed under us: read it again */
+} ReserveDecision;
+
 /*
- * Decide the answer for a key whose row exists.  Returns true if it wrote
- * (the caller then keeps the key's lock until the end of the transaction).
+ * Decide the answer for a key whose row exists, into *ans (unless the row
+ * must be read again).
  */
-static bool
+static ReserveDecision
 reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 			   Datum *newvalues, Interval *lock_timeout,
 			   const ScopePolicy *policy, TimestampTz now,
@@ -1339,19 +1347,18 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 	{
 		/* expired: the same key is a new request */
 		if (reserve_rate_limited(id, policy, now, ans))
-			return false;
+			return DECIDED_READ;
 		keys_new_token(DatumGetUUIDP(newvalues[4]));
 		if (!reserve_renew(newvalues))
 		{
-			ans->outcome = OUTCOME_COUNT;	/* vanished: read again */
-			return false;
+			return DECIDED_READ_AGAIN;	/* vanished */
 		}
 		ans->outcome = OUTCOME_CREATED;
 		ans->has_token = true;
 		ans->token = *DatumGetUUIDP(newvalues[4]);
 		ans->has_expires_at = true;
 		ans->expires_at = DatumGetTimestampTz(newvalues[6]);
-		return true;
+		return DECIDED_WROTE;
 	}
 
 	ans->has_expires_at = true;
@@ -1364,7 +1371,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 		ans->outcome = OUTCOME_MISMATCH;
 		ans->http_status = 422;
 		ans->has_expires_at = false;
-		return false;
+		return DECIDED_READ;
 	}
 
 	if (row->status != status_oids[STATUS_PROCESSING])
@@ -1377,7 +1384,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 		ans->body = row->body;
 		ans->has_headers = row->has_headers;
 		ans->headers = row->headers;
-		return false;
+		return DECIDED_READ;
 	}
 
 	if (row->needs_reconciliation)
@@ -1386,7 +1393,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 		ans->http_status = 409;
 		ans->has_recovery_point = row->has_recovery_point;
 		ans->recovery_point = row->recovery_point;
-		return false;
+		return DECIDED_READ;
 	}
 
 	stale_at = row->has_locked_at ?
@@ -1398,7 +1405,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 		ans->outcome = OUTCOME_IN_PROGRESS;
 		ans->http_status = 409;
 		ans->retry_after = (int32) Max(1, Min(secs, RETRY_AFTER_MAX));
-		return false;
+		return DECIDED_READ;
 	}
 
 	if (policy->takeover)
@@ -1408,8 +1415,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 		keys_new_token(token);
 		if (!reserve_takeover(id, row, newvalues))
 		{
-			ans->outcome = OUTCOME_COUNT;	/* changed under us: read again */
-			return false;
+			return DECIDED_READ_AGAIN;	/* changed under us */
 		}
 		ans->outcome = OUTCOME_CREATED;
 		ans->has_token = true;
@@ -1418,7 +1424,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 		ans->recovery_point = row->recovery_point;
 		ans->has_expires_at = true;
 		ans->expires_at = DatumGetTimestampTz(newvalues[6]);
-		return true;
+		return DECIDED_WROTE;
 	}
 
 	reserve_flag_stale(id);
@@ -1426,7 +1432,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 	ans->http_status = 409;
 	ans->has_recovery_point = row->has_recovery_point;
 	ans->recovery_point = row->recovery_point;
-	return true;
+	return DECIDED_WROTE;
 }
 
 /*
@@ -1449,7 +1455,6 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 	pg_uuid_t  *token;
 	TimestampTz expires_at;
 	int			attempt;
-	bool		wrote;
 
 	fp = (bytea *) palloc(VARHDRSZ + IDEM_FINGERPRINT_LEN);
 	SET_VARSIZE(fp, VARHDRSZ + IDEM_FINGERPRINT_LEN);
@@ -1499,11 +1504,17 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 			ans->expires_at = expires_at;
 			return true;
 		}
-		wrote = reserve_decide(id, &row, fingerprint, newvalues, lock_timeout,
-							   policy, now, ans);
-		if (ans->outcome != OUTCOME_COUNT)
-			return wrote;
-		memset(ans, 0, sizeof(*ans));
+		switch (reserve_decide(id, &row, fingerprint, newvalues,
+							   lock_timeout, policy, now, ans))
+		{
+			case DECIDED_READ:
+				return false;
+			case DECIDED_WROTE:
+				return true;
+			case DECIDED_READ_AGAIN:
+				memset(ans, 0, sizeof(*ans));
+				break;
+		}
 	}
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
