@@ -1371,21 +1371,6 @@ canonical_into(Jsonb *request, ArrayType *ignore, StringInfo buf)
 	free_state(&st);
 }
 
-/*
- * idem_canonical_text
- *		The canonical (RFC 8785) text of "request" without the members named
- *		by "ignore" (or NULL), palloc'd in the current memory context.
- */
-char *
-idem_canonical_text(Jsonb *request, ArrayType *ignore)
-{
-	StringInfoData buf;
-
-	initStringInfo(&buf);
-	canonical_into(request, ignore, &buf);
-	return buf.data;
-}
-
 /* ----------------------------------------------------------------
  * SQL functions
  * ----------------------------------------------------------------

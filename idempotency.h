@@ -160,9 +160,6 @@ extern bool idem_quota_recounted(const char *tenant, const char *scope,
 extern void idem_compute_fingerprint(Jsonb *request, ArrayType *ignore,
 									 uint8 *result);
 
-/* Canonical (RFC 8785) text of "request", palloc'd in the current context. */
-extern char *idem_canonical_text(Jsonb *request, ArrayType *ignore);
-
 /* ----------------------------------------------------------------
  * stats.c: cumulative counters per (tenant, scope) in shared memory
  * ----------------------------------------------------------------
