@@ -39,6 +39,10 @@ SELECT outbox_enqueue('acme', 'mail', '{"to": "x"}');
 my $token = $node->safe_psql('old',
 	q{SELECT lock_token FROM idem_reserve('acme', 'pay', 'flight-1', '{"amount": 2}'::jsonb)});
 like($token, qr/^[0-9a-f-]{36}$/, 'a two-phase reservation in flight under 1.0');
+# the 1.1 library serves 1.0's stats view (11 columns) until the update
+is($node->safe_psql('old',
+		"SELECT created || ' ' || completed FROM idempotency.stats WHERE tenant = 'acme'"),
+	'2 1', 'the 1.0 stats view works with the new library');
 
 $node->safe_psql('old', 'ALTER EXTENSION idempotency UPDATE');
 is($node->safe_psql('old',
