@@ -398,6 +398,34 @@ keys_type_oid(Oid nsp, const char *name)
 }
 
 /*
+ * reserve_answer_datum fills idempotency.reservation by position: check
+ * once, when the cache loads, that the type has these columns in this
+ * order.
+ */
+static void
+keys_check_reservation_type(TupleDesc desc)
+{
+	static const char *const names[] = {
+		"outcome", "http_status", "response_code", "response_body",
+		"response_headers", "retry_after", "recovery_point", "lock_token",
+		"expires_at"
+	};
+	int			i;
+
+	if (desc->natts != lengthof(names))
+		elog(ERROR, "type idempotency.reservation has %d columns, expected %d",
+			 desc->natts, (int) lengthof(names));
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (att->attisdropped || strcmp(NameStr(att->attname), names[i]) != 0)
+			elog(ERROR, "column %d of type idempotency.reservation is not \"%s\"",
+				 i + 1, names[i]);
+	}
+}
+
+/*
  * Make sure the catalog cache is loaded.  Catalog lookups may themselves
  * process invalidations; if one arrives while loading, load again.
  */
@@ -467,6 +495,7 @@ keys_ensure_cache(void)
 		oldcxt = MemoryContextSwitchTo(keys_cache_cxt);
 		reservation_desc = lookup_rowtype_tupdesc_copy(typid, -1);
 		MemoryContextSwitchTo(oldcxt);
+		keys_check_reservation_type(reservation_desc);
 
 		memset(&ctl, 0, sizeof(ctl));
 		ctl.keysize = SCOPE_CACHE_KEYLEN;
@@ -1525,6 +1554,10 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 	return false;				/* keep compiler quiet */
 }
 
+/*
+ * The answer as an idempotency.reservation, by position (the order is
+ * checked when the cache loads: keys_check_reservation_type).
+ */
 static Datum
 reserve_answer_datum(ReserveAnswer *ans)
 {
