@@ -1,6 +1,95 @@
 
 /* ---- keys.c: reserve, complete, replay ---- */
 
+CREATE TYPE idempotency.status AS ENUM ('processing', 'succeeded', 'failed');
+
+CREATE TYPE idempotency.outcome AS ENUM
+    ('created', 'replay', 'in_progress', 'mismatch', 'stale', 'rate_limited');
+
+CREATE TYPE idempotency.stale_action AS ENUM ('fail', 'takeover');
+
+/*
+ * What idem_reserve answers.  http_status is what the application should
+ * answer its client with (NULL for "created": go ahead); retry_after is in
+ * whole seconds, for the Retry-After header of a 409.
+ */
+CREATE TYPE idempotency.reservation AS (
+    outcome          idempotency.outcome,
+    http_status      int,
+    response_code    int,
+    response_body    jsonb,
+    response_headers jsonb,
+    retry_after      int,
+    recovery_point   text,
+    lock_token       uuid,
+    expires_at       timestamptz
+);
+
+/*
+ * One row per idempotency key.  The primary key starts with the tenant so
+ * the table can be distributed by tenant.  No index covers a column that
+ * changes when a key is completed, so completion is a HOT update; the
+ * fillfactor leaves room on the page for it.  expires_at is fixed when the
+ * key is reserved, so the reaper's index on it does not break HOT either.
+ */
+CREATE TABLE idempotency.keys (
+    tenant_id            text NOT NULL,
+    scope                text NOT NULL,
+    idem_key             text NOT NULL,
+    fingerprint          bytea NOT NULL,
+    status               idempotency.status NOT NULL DEFAULT 'processing',
+    lock_token           uuid,
+    locked_at            timestamptz,
+    recovery_point       text,
+    response_code        int,
+    response_body        jsonb,
+    response_headers     jsonb,
+    needs_reconciliation bool NOT NULL DEFAULT false,
+    created_at           timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    completed_at         timestamptz,
+    expires_at           timestamptz NOT NULL,
+    CONSTRAINT keys_pkey PRIMARY KEY (tenant_id, scope, idem_key)
+    -- No CHECK constraints: the executor re-reads them at the start of every
+    -- INSERT and UPDATE (about 30% of the server time of a new request), and
+    -- the key functions, the only writers, already refuse a key outside 1 to
+    -- 255 printable ASCII bytes and a fingerprint other than 32 bytes.
+) WITH (fillfactor = 70,
+        autovacuum_vacuum_scale_factor = 0.02,
+        autovacuum_vacuum_insert_scale_factor = 0.05,
+        autovacuum_analyze_scale_factor = 0.05);
+
+CREATE INDEX keys_expires_at_idx ON idempotency.keys (expires_at);
+
+/*
+ * Per-scope policy.  A scope with no row here uses the GUC defaults
+ * (idempotency.default_ttl, idempotency.default_lock_timeout).
+ */
+CREATE TABLE idempotency.scopes (
+    scope               text PRIMARY KEY,
+    ttl                 interval,
+    lock_timeout        interval,
+    cache_server_errors bool NOT NULL DEFAULT false,
+    stale_action        idempotency.stale_action NOT NULL DEFAULT 'fail',
+    fingerprint_ignore  text[],
+    retryable_codes     int[],
+    new_keys_per_second float8,
+    new_keys_burst      int,
+    max_live_keys       int,
+    CONSTRAINT scopes_ttl_positive CHECK (ttl > interval '0'),
+    CONSTRAINT scopes_lock_timeout_positive CHECK (lock_timeout > interval '0')
+);
+
+REVOKE ALL ON idempotency.keys, idempotency.scopes FROM PUBLIC;
+GRANT SELECT ON idempotency.keys, idempotency.scopes TO idempotency_admin;
+
+/*
+ * Scope policies and live keys are data a dump must keep: a restored
+ * database that forgot its keys would run retries again, and one that
+ * forgot fingerprint_ignore would refuse honest retries.
+ */
+SELECT pg_catalog.pg_extension_config_dump('idempotency.keys', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.scopes', '');
+
 /*
  * User-facing functions: SECURITY DEFINER with a fixed search_path, so they
  * reach idempotency.keys (not readable by PUBLIC) and never depend on the

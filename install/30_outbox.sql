@@ -1,6 +1,42 @@
 
 /* ---- outbox.c: transactional outbox ---- */
 
+CREATE TYPE idempotency.outbox_status AS ENUM ('pending', 'leased', 'done', 'dead');
+
+/*
+ * Transactional outbox: intents written in the same transaction as the
+ * key and the business rows, delivered by workers outside the database.
+ */
+CREATE TABLE idempotency.outbox (
+    tenant_id    text NOT NULL,
+    id           bigint GENERATED ALWAYS AS IDENTITY,
+    topic        text NOT NULL,
+    payload      jsonb NOT NULL,
+    headers      jsonb,
+    idem_scope   text,
+    idem_key     text,
+    status       idempotency.outbox_status NOT NULL DEFAULT 'pending',
+    attempts     int NOT NULL DEFAULT 0,
+    max_attempts int NOT NULL,
+    available_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    lease_token  uuid,
+    leased_by    text,
+    lease_until  timestamptz,
+    last_error   text,
+    provider_ref text,
+    created_at   timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    done_at      timestamptz,
+    dedup_key    text,
+    ordering_key text,
+    CONSTRAINT outbox_pkey PRIMARY KEY (tenant_id, id),
+    CONSTRAINT outbox_max_attempts_positive CHECK (max_attempts > 0)
+) WITH (fillfactor = 80,
+        autovacuum_vacuum_scale_factor = 0.02,
+        autovacuum_analyze_scale_factor = 0.05);
+
+REVOKE ALL ON idempotency.outbox FROM PUBLIC;
+GRANT SELECT ON idempotency.outbox TO idempotency_admin;
+
 /*
  * The claim path: due rows (pending, or leased with an expired lease: for a
  * leased row available_at is the end of its lease), oldest first.  Rows
