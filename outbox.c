@@ -1097,6 +1097,7 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 	Datum		values[3];
 	char		nulls[3] = {' ', 'n', 'n'};
 	int			filters = 0;
+	int			save_nestlevel;
 	int			rc;
 
 	values[0] = Int32GetDatum(batch);
@@ -1128,7 +1129,19 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 				 (filters & CLAIM_ORDERED) ? outbox_ordered_filter : "");
 		outbox_plan(&lock_plans[filters], sql, 3, argtypes);
 	}
+
+	/*
+	 * The generic plan prices "LIMIT $1" at a tenth of the backlog, which
+	 * on a backlog of some hundred thousand rows passes jit_above_cost: JIT
+	 * would then compile the statement's expressions on every claim, tens
+	 * of milliseconds for a statement that reads "batch" rows.  Plan (the
+	 * plan cache may re-plan here) and run it with jit off.
+	 */
+	save_nestlevel = NewGUCNestLevel();
+	(void) set_config_option("jit", "off", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
 	rc = SPI_execute_plan(lock_plans[filters], values, nulls, false, 0);
+	AtEOXact_GUC(true, save_nestlevel);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "outbox claim failed: %s", SPI_result_code_string(rc));
 	return SPI_processed;
