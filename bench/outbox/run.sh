@@ -14,10 +14,12 @@
 #     Both queues are refilled with the same rows before every run.
 #  3. ordered delivery (1,000 ordering keys) against unordered rows;
 #  4. batches of 100: outbox_ack_many against an outbox_ack per row;
-#  5. against pgmq (when installed: PGMQ_SRC, see bench/run.sh), with the
-#     rounds looping on the server (procedures in pgmq.sql, each statement
-#     its own transaction) so that round trips do not hide the work: one
-#     message per round at 1 and 4 workers, batches of 100 at 1 and 2.
+#  5. rounds looping on the server (procedures in setup.sql and pgmq.sql,
+#     each statement its own transaction, asynchronous commit) so that
+#     neither round trips nor flushes hide the work: one message per round
+#     at 1 and 4 workers against the one-statement queue and against pgmq
+#     (when installed: PGMQ_SRC, see bench/run.sh), batches of 100 at 1
+#     and 2 workers against pgmq.
 # Every side runs twice, in mirrored order (A B C C B A); a figure is the
 # mean of its two runs.  The issue's goals are printed beside their ratios
 # and again at the end.  Runs inside pg_virtualenv as postgres (bench/run.sh).
@@ -35,7 +37,8 @@ ROUNDS_BATCH=${OUTBOX_BENCH_ROUNDS_BATCH:-5}
 PGMQ_PREFILL_ONE=${OUTBOX_BENCH_PGMQ_PREFILL_ONE:-200000}
 PGMQ_PREFILL=${OUTBOX_BENCH_PGMQ_PREFILL:-1000000}
 # section 5 runs with asynchronous commit (on: durable), so that the flush
-# of each of the two commits per round does not hide the queues' work
+# of each of the two commits per round does not hide the queues' work (nor
+# the disk's latency, on a machine whose other jobs flush too)
 PGMQ_SYNC=${OUTBOX_BENCH_PGMQ_SYNC:-off}
 # OUTBOX_BENCH_ONLY=features runs sections 3 and 4 only, =pgmq section 5,
 # =claim the claim + ack rounds of section 2 and section 5
@@ -132,6 +135,8 @@ measure() {
             batch) prep_queue idempotency.outbox "$BATCH_PREFILL" NULL "'t0'" ;;
             outbox-one) prep_queue idempotency.outbox "$PGMQ_PREFILL_ONE" ;;
             pgmq-one) prep_pgmq "$PGMQ_PREFILL_ONE" ;;
+            plain-one) prep_queue plain_outbox "$PGMQ_PREFILL_ONE" ;;
+            ordered-one) prep_queue idempotency.outbox "$PGMQ_PREFILL_ONE" "'k' || (g % 1000)" ;;
             outbox-batch) prep_queue idempotency.outbox "$PGMQ_PREFILL" NULL "'t0'" ;;
             pgmq-batch) prep_pgmq "$PGMQ_PREFILL" ;;
             *) prep_queue "$table" ;;
@@ -208,24 +213,39 @@ for w in 1 2; do
         batch:claim_ack_each_extension.sql
 done
 fi
-# 5. against pgmq, rounds looping on the server
+# 5. rounds looping on the server (asynchronous commit unless
+#    OUTBOX_BENCH_PGMQ_SYNC=on): one message per round against the
+#    hand-written one-statement queue and against pgmq; batches of 100
+#    against pgmq
 if [ "$ONLY" = all ] || [ "$ONLY" = pgmq ] || [ "$ONLY" = claim ]; then
-if have_pgmq; then
     psql -X -q -d "$DB" -c "ALTER DATABASE $DB SET synchronous_commit = $PGMQ_SYNC" >/dev/null
-    echo "against pgmq $PGMQ_VERSION, synchronous_commit = $PGMQ_SYNC: $ROUNDS_ONE rounds (one message) or $ROUNDS_BATCH rounds (100 messages) per CALL, looping on the server"
+    echo "rounds looping on the server, synchronous_commit = $PGMQ_SYNC: $ROUNDS_ONE rounds (one message) or $ROUNDS_BATCH rounds (100 messages) per CALL"
     for w in 1 4; do
-        PER=$ROUNDS_ONE GOAL=">= 1.00x" measure "one message per round, $w worker(s): claim + ack / pgmq read + delete" "$w" \
+        PER=$ROUNDS_ONE GOAL=">= 1.00x" measure "one message per round, $w worker(s): claim + ack / the one-statement queue" "$w" \
             outbox-one:loop_outbox_one.sql \
-            pgmq-one:loop_pgmq_one.sql
+            plain-one:loop_plain_one.sql
     done
-    for w in 1 2; do
-        PER=$((ROUNDS_BATCH * 100)) GOAL=">= 1.00x" measure "batch of 100, $w worker(s): claim + ack_many / pgmq read + delete(ids[])" "$w" \
-            outbox-batch:loop_outbox_batch.sql \
-            pgmq-batch:loop_pgmq_batch.sql
+    for w in 1 4; do
+        PER=$ROUNDS_ONE GOAL=">= 0.90x" measure "one message per round, $w worker(s): 1,000 ordering keys / none" "$w" \
+            ordered-one:loop_outbox_one.sql \
+            outbox-one:loop_outbox_one.sql
     done
-else
-    echo "outbox: pgmq comparison skipped: $PGMQ_WHY"
-fi
+    if have_pgmq; then
+        echo "against pgmq $PGMQ_VERSION"
+        for w in 1 4; do
+            PER=$ROUNDS_ONE GOAL=">= 1.00x" measure "one message per round, $w worker(s): claim + ack / pgmq read + delete" "$w" \
+                outbox-one:loop_outbox_one.sql \
+                pgmq-one:loop_pgmq_one.sql
+        done
+        for w in 1 2; do
+            PER=$((ROUNDS_BATCH * 100)) GOAL=">= 1.00x" measure "batch of 100, $w worker(s): claim + ack_many / pgmq read + delete(ids[])" "$w" \
+                outbox-batch:loop_outbox_batch.sql \
+                pgmq-batch:loop_pgmq_batch.sql
+        done
+    else
+        echo "outbox: pgmq comparison skipped: $PGMQ_WHY"
+    fi
+    psql -X -q -d "$DB" -c "ALTER DATABASE $DB RESET synchronous_commit" >/dev/null
 fi
 if [ -s "$GOALS" ]; then
     echo "goals (extension / baseline, the issue's target, both sides' means):"
