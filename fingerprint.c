@@ -1002,6 +1002,166 @@ match_pointers(CanonState *st, int depth, const int *active, int nactive,
 }
 
 /*
+ * emit_array
+ *		Write the elements of array "jc" (of "count" elements), leaving out
+ *		those an ignore pointer removes; a scalar request (a one-element
+ *		array) is written as its element alone.  Arguments as for
+ *		emit_container; "step" is the path step of the children.
+ */
+static void
+emit_array(CanonState *st, JsonbContainer *jc, uint32 count, int depth,
+		   const int *active, int nactive, int *child_active,
+		   const PathStep *path, PathStep *step)
+{
+	CanonSink  *sink = st->sink;
+	const char *data = (const char *) &jc->children[count];
+	int			nchild = 0;
+	uint32		offset = 0;
+	uint32		i;
+	bool		first = true;
+
+	Assert(!JsonContainerIsScalar(jc) || count == 1);
+	if (!JsonContainerIsScalar(jc))
+		sink_putc(sink, '[');
+	step->key = NULL;
+	step->keylen = 0;
+	for (i = 0; i < count; i++)
+	{
+		JEntry		entry = jc->children[i];
+		uint32		start = offset;
+
+		JBE_ADVANCE_OFFSET(offset, entry);
+		if (nactive > 0 &&
+			match_pointers(st, depth, active, nactive, NULL, 0, (int) i,
+						   child_active, &nchild))
+			continue;
+		if (!first)
+			sink_putc(sink, ',');
+		first = false;
+		step->index = (int) i;
+		/* a scalar request is the whole document: pointer "" */
+		emit_value(st, entry, data, start, offset - start, depth + 1,
+				   child_active, nchild,
+				   JsonContainerIsScalar(jc) ? path : step);
+	}
+	if (!JsonContainerIsScalar(jc))
+		sink_putc(sink, ']');
+}
+
+/*
+ * push_members
+ *		Put the "count" members of object "jc" on top of the shared member
+ *		stack (keys, their UTF-8 form, and where each value is), sorted in
+ *		canonical key order.  Returns the stack position of the first; the
+ *		caller pops them by resetting st->members_used to it.
+ */
+static int
+push_members(CanonState *st, JsonbContainer *jc, uint32 count)
+{
+	const char *data = (const char *) &jc->children[count * 2];
+	uint32		offset = 0;
+	uint32		i;
+	int			base;
+	MemberRef  *m;
+
+	if (st->members_used + (int) count > st->members_size)
+	{
+		int			newsize = Max(st->members_size * 2,
+								  st->members_used + (int) count);
+
+		if (st->members == NULL)
+			st->members = palloc(newsize * sizeof(MemberRef));
+		else
+			st->members = repalloc(st->members, newsize * sizeof(MemberRef));
+		st->members_size = newsize;
+	}
+	base = st->members_used;
+	st->members_used += count;
+	m = st->members + base;
+
+	/* keys come first, then values in the same order */
+	for (i = 0; i < count; i++)
+	{
+		JEntry		entry = jc->children[i];
+		uint32		start = offset;
+
+		JBE_ADVANCE_OFFSET(offset, entry);
+		m[i].key = data + start;
+		m[i].keylen = offset - start;
+		if (unlikely(st->convert))
+			m[i].ukey = to_utf8(st, m[i].key, m[i].keylen, &m[i].ukeylen);
+		else
+		{
+			m[i].ukey = m[i].key;
+			m[i].ukeylen = m[i].keylen;
+		}
+	}
+	for (i = 0; i < count; i++)
+	{
+		JEntry		entry = jc->children[count + i];
+		uint32		start = offset;
+
+		JBE_ADVANCE_OFFSET(offset, entry);
+		m[i].ventry = entry;
+		m[i].voffset = start;
+		m[i].vlen = offset - start;
+	}
+	sort_members(m, count);
+	return base;
+}
+
+/*
+ * emit_object
+ *		Write the members of object "jc" (of "count" members) in canonical
+ *		key order, leaving out those an ignore pointer removes.  Arguments
+ *		as for emit_array.
+ */
+static void
+emit_object(CanonState *st, JsonbContainer *jc, uint32 count, int depth,
+			const int *active, int nactive, int *child_active,
+			PathStep *step)
+{
+	CanonSink  *sink = st->sink;
+	const char *data = (const char *) &jc->children[count * 2];
+	int			nchild = 0;
+	int			base;
+	uint32		i;
+	bool		first = true;
+
+	Assert(JsonContainerIsObject(jc));
+	base = push_members(st, jc, count);
+
+	sink_putc(sink, '{');
+	for (i = 0; i < count; i++)
+	{
+		/* the stack may move while a child object is written */
+		MemberRef	member = st->members[base + i];
+
+		if (nactive > 0 &&
+			match_pointers(st, depth, active, nactive,
+						   member.key, member.keylen, -1,
+						   child_active, &nchild))
+			continue;
+		if (!first)
+			sink_putc(sink, ',');
+		first = false;
+		/* the text stays in the database encoding; the hash is UTF-8 */
+		if (sink->text != NULL)
+			emit_string(sink, member.key, member.keylen);
+		else
+			emit_string(sink, member.ukey, member.ukeylen);
+		sink_putc(sink, ':');
+		step->key = member.key;
+		step->keylen = (int) member.keylen;
+		step->index = -1;
+		emit_value(st, member.ventry, data, member.voffset, member.vlen,
+				   depth + 1, child_active, nchild, step);
+	}
+	sink_putc(sink, '}');
+	st->members_used = base;
+}
+
+/*
  * emit_container
  *		Write an object or array.  "active" lists the ignore pointers that
  *		match the path down to this container (their tokens[depth] applies
@@ -1011,14 +1171,9 @@ static void
 emit_container(CanonState *st, JsonbContainer *jc, int depth,
 			   const int *active, int nactive, const PathStep *path)
 {
-	CanonSink  *sink = st->sink;
 	uint32		count = JsonContainerSize(jc);
 	int		   *child_active = NULL;
-	int			nchild = 0;
 	PathStep	step;
-	uint32		offset = 0;
-	uint32		i;
-	bool		first = true;
 
 	check_stack_depth();
 	CHECK_FOR_INTERRUPTS();
@@ -1031,119 +1186,11 @@ emit_container(CanonState *st, JsonbContainer *jc, int depth,
 	step.parent = path;
 
 	if (JsonContainerIsArray(jc))
-	{
-		const char *data = (const char *) &jc->children[count];
-
-		Assert(!JsonContainerIsScalar(jc) || count == 1);
-		if (!JsonContainerIsScalar(jc))
-			sink_putc(sink, '[');
-		step.key = NULL;
-		step.keylen = 0;
-		for (i = 0; i < count; i++)
-		{
-			JEntry		entry = jc->children[i];
-			uint32		start = offset;
-
-			JBE_ADVANCE_OFFSET(offset, entry);
-			if (nactive > 0 &&
-				match_pointers(st, depth, active, nactive, NULL, 0, (int) i,
-							   child_active, &nchild))
-				continue;
-			if (!first)
-				sink_putc(sink, ',');
-			first = false;
-			step.index = (int) i;
-			/* a scalar request is the whole document: pointer "" */
-			emit_value(st, entry, data, start, offset - start, depth + 1,
-					   child_active, nchild,
-					   JsonContainerIsScalar(jc) ? path : &step);
-		}
-		if (!JsonContainerIsScalar(jc))
-			sink_putc(sink, ']');
-	}
+		emit_array(st, jc, count, depth, active, nactive, child_active,
+				   path, &step);
 	else
-	{
-		const char *data = (const char *) &jc->children[count * 2];
-		int			base;
-		MemberRef  *m;
-
-		Assert(JsonContainerIsObject(jc));
-
-		/* this object's members go on top of the shared member stack */
-		if (st->members_used + (int) count > st->members_size)
-		{
-			int			newsize = Max(st->members_size * 2,
-									  st->members_used + (int) count);
-
-			if (st->members == NULL)
-				st->members = palloc(newsize * sizeof(MemberRef));
-			else
-				st->members = repalloc(st->members,
-									   newsize * sizeof(MemberRef));
-			st->members_size = newsize;
-		}
-		base = st->members_used;
-		st->members_used += count;
-		m = st->members + base;
-
-		/* keys come first, then values in the same order */
-		for (i = 0; i < count; i++)
-		{
-			JEntry		entry = jc->children[i];
-			uint32		start = offset;
-
-			JBE_ADVANCE_OFFSET(offset, entry);
-			m[i].key = data + start;
-			m[i].keylen = offset - start;
-			if (unlikely(st->convert))
-				m[i].ukey = to_utf8(st, m[i].key, m[i].keylen, &m[i].ukeylen);
-			else
-			{
-				m[i].ukey = m[i].key;
-				m[i].ukeylen = m[i].keylen;
-			}
-		}
-		for (i = 0; i < count; i++)
-		{
-			JEntry		entry = jc->children[count + i];
-			uint32		start = offset;
-
-			JBE_ADVANCE_OFFSET(offset, entry);
-			m[i].ventry = entry;
-			m[i].voffset = start;
-			m[i].vlen = offset - start;
-		}
-		sort_members(m, count);
-
-		sink_putc(sink, '{');
-		for (i = 0; i < count; i++)
-		{
-			/* the stack may move while a child object is written */
-			MemberRef	member = st->members[base + i];
-
-			if (nactive > 0 &&
-				match_pointers(st, depth, active, nactive,
-							   member.key, member.keylen, -1,
-							   child_active, &nchild))
-				continue;
-			if (!first)
-				sink_putc(sink, ',');
-			first = false;
-			/* the text stays in the database encoding; the hash is UTF-8 */
-			if (sink->text != NULL)
-				emit_string(sink, member.key, member.keylen);
-			else
-				emit_string(sink, member.ukey, member.ukeylen);
-			sink_putc(sink, ':');
-			step.key = member.key;
-			step.keylen = (int) member.keylen;
-			step.index = -1;
-			emit_value(st, member.ventry, data, member.voffset, member.vlen,
-					   depth + 1, child_active, nchild, &step);
-		}
-		sink_putc(sink, '}');
-		st->members_used = base;
-	}
+		emit_object(st, jc, count, depth, active, nactive, child_active,
+					&step);
 }
 
 /* ----------------------------------------------------------------

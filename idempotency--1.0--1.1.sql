@@ -643,7 +643,7 @@ CREATE TRIGGER tenant_bindings_changed
 CREATE FUNCTION @extschema@.outbox_extend(tenant text, id bigint, lease_token uuid,
                               lease interval DEFAULT '30 seconds')
     RETURNS timestamptz
-    AS 'MODULE_PATHNAME', 'outbox_extend'
+    AS 'MODULE_PATHNAME', 'idem_outbox_extend'
     LANGUAGE C VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp;
 
@@ -657,7 +657,7 @@ GRANT EXECUTE ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval
 CREATE FUNCTION @extschema@.outbox_ack_many(tenant text, ids bigint[], lease_tokens uuid[],
                                 provider_refs text[] DEFAULT NULL)
     RETURNS SETOF bigint
-    AS 'MODULE_PATHNAME', 'outbox_ack_many'
+    AS 'MODULE_PATHNAME', 'idem_outbox_ack_many'
     LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
     SET search_path = pg_catalog, pg_temp;
 
@@ -667,7 +667,7 @@ COMMENT ON FUNCTION @extschema@.outbox_ack_many(text, bigint[], uuid[], text[]) 
 CREATE FUNCTION @extschema@.outbox_nack_many(tenant text, ids bigint[], lease_tokens uuid[],
                                  error text, retry_in interval DEFAULT NULL)
     RETURNS TABLE (id bigint, status idempotency.outbox_status)
-    AS 'MODULE_PATHNAME', 'outbox_nack_many'
+    AS 'MODULE_PATHNAME', 'idem_outbox_nack_many'
     LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
     SET search_path = pg_catalog, pg_temp;
 
@@ -709,7 +709,7 @@ CREATE FUNCTION @extschema@.outbox_enqueue(tenant text, topic text, payload json
                                dedup_key text DEFAULT NULL,
                                ordering_key text DEFAULT NULL)
     RETURNS bigint
-    AS 'MODULE_PATHNAME', 'outbox_enqueue'
+    AS 'MODULE_PATHNAME', 'idem_outbox_enqueue'
     LANGUAGE C VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp;
 
@@ -756,3 +756,40 @@ REVOKE ALL ON FUNCTION @extschema@.idem_stats() FROM PUBLIC;
 REVOKE ALL ON idempotency.stats FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.idem_stats() TO pg_monitor, idempotency_admin;
 GRANT SELECT ON idempotency.stats TO pg_monitor, idempotency_admin;
+
+/* ---- Outbox: the C symbols carry the idem_ prefix ---- */
+
+/*
+ * The outbox functions of 1.0 that this update does not recreate above,
+ * pointed at the renamed symbols (the library keeps 1.0's names only for
+ * databases not updated yet).  Signatures, defaults and options as
+ * created; owner, privileges and comments stay.
+ */
+CREATE OR REPLACE FUNCTION @extschema@.outbox_claim(worker text, batch int DEFAULT 10,
+                             lease interval DEFAULT '30 seconds',
+                             topics text[] DEFAULT NULL,
+                             tenant text DEFAULT NULL)
+    RETURNS SETOF idempotency.outbox
+    AS 'MODULE_PATHNAME', 'idem_outbox_claim'
+    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 10
+    SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION @extschema@.outbox_ack(tenant text, id bigint, lease_token uuid,
+                           provider_ref text DEFAULT NULL)
+    RETURNS void
+    AS 'MODULE_PATHNAME', 'idem_outbox_ack'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION @extschema@.outbox_nack(tenant text, id bigint, lease_token uuid,
+                            error text, retry_in interval DEFAULT NULL)
+    RETURNS idempotency.outbox_status
+    AS 'MODULE_PATHNAME', 'idem_outbox_nack'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION @extschema@.outbox_requeue(tenant text, id bigint)
+    RETURNS void
+    AS 'MODULE_PATHNAME', 'idem_outbox_requeue'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;

@@ -106,14 +106,14 @@ int			idem_outbox_retention = 7 * 24 * 60 * 60;
 #define OUTBOX_BACKOFF_BASE_SECS 5
 #define OUTBOX_BACKOFF_CAP_SECS 3600
 
-PG_FUNCTION_INFO_V1(outbox_enqueue);
-PG_FUNCTION_INFO_V1(outbox_claim);
-PG_FUNCTION_INFO_V1(outbox_ack);
-PG_FUNCTION_INFO_V1(outbox_nack);
-PG_FUNCTION_INFO_V1(outbox_requeue);
-PG_FUNCTION_INFO_V1(outbox_extend);
-PG_FUNCTION_INFO_V1(outbox_ack_many);
-PG_FUNCTION_INFO_V1(outbox_nack_many);
+PG_FUNCTION_INFO_V1(idem_outbox_enqueue);
+PG_FUNCTION_INFO_V1(idem_outbox_claim);
+PG_FUNCTION_INFO_V1(idem_outbox_ack);
+PG_FUNCTION_INFO_V1(idem_outbox_nack);
+PG_FUNCTION_INFO_V1(idem_outbox_requeue);
+PG_FUNCTION_INFO_V1(idem_outbox_extend);
+PG_FUNCTION_INFO_V1(idem_outbox_ack_many);
+PG_FUNCTION_INFO_V1(idem_outbox_nack_many);
 
 /*
  * idem_outbox_init
@@ -810,56 +810,72 @@ outbox_emit_message(const char *tenant, const char *topic, int64 id,
  */
 
 /*
- * outbox_enqueue(tenant text, topic text, payload jsonb, key text,
- *				  scope text, headers jsonb, deliver_after interval,
- *				  max_attempts int, dedup_key text, ordering_key text)
- *		RETURNS bigint
- *
- * Inserts one pending row in the caller's transaction and arranges a
- * NOTIFY on idempotency_outbox with the topic as payload at commit; both
- * vanish if the transaction rolls back.  Takes no lock beyond the inserted
- * row.  NULL deliver_after means now; NULL max_attempts means
- * idempotency.outbox_max_attempts.  With a dedup_key, while a row of the
- * same tenant, topic and dedup_key exists, returns that row's id and
- * inserts and notifies nothing (see outbox_enqueue_dedup_sql).  With an
- * ordering_key, first waits for other transactions enqueueing for the
- * same tenant and key (see OUTBOX_ORDER_LOCK_CLASS).
+ * An enqueue's arguments, checked, and the parameters of its insert
+ * (outbox_enqueue_sql's $1..$10).
  */
-Datum
-outbox_enqueue(PG_FUNCTION_ARGS)
+typedef struct OutboxEnqueueArgs
 {
 	char	   *tenant;
-	text	   *topic;
+	char	   *topic;
 	Jsonb	   *payload;
-	Jsonb	   *headers = NULL;
-	char	   *key = NULL;
-	char	   *scope = NULL;
+	Jsonb	   *headers;		/* NULL: none */
+	char	   *key;			/* NULL: none */
+	char	   *scope;			/* NULL: none */
+	char	   *dedup_key;		/* NULL: none (and always with the 1.0 SQL) */
+	char	   *ordering_key;	/* NULL: none (and always with the 1.0 SQL) */
+	Datum		values[10];
+	char		nulls[10];
+} OutboxEnqueueArgs;
+
+static const Oid outbox_enqueue_argtypes[10] = {
+	TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID, INT4OID,
+	INTERVALOID, TEXTOID, TEXTOID
+};
+
+/*
+ * The text argument "argno" of an enqueue, NULL when NULL or when the SQL
+ * function has fewer arguments (1.0's has 8); "what" (dedup_key or
+ * ordering_key) must be 1 to OUTBOX_MAX_DEDUP_KEY_LEN bytes, "hint" says
+ * what to pass.
+ */
+static char *
+outbox_enqueue_key_arg(FunctionCallInfo fcinfo, int argno, const char *what,
+					   const char *hint)
+{
+	char	   *value;
+
+	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+		return NULL;
+	value = text_to_cstring(PG_GETARG_TEXT_PP(argno));
+	if (value[0] == '\0' || strlen(value) > OUTBOX_MAX_DEDUP_KEY_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be 1 to %d bytes long", what,
+						OUTBOX_MAX_DEDUP_KEY_LEN),
+				 errdetail("The %s given is %zu bytes long.", what,
+						   strlen(value)),
+				 errhint("%s", hint)));
+	return value;
+}
+
+/*
+ * Check outbox_enqueue's arguments, before anything is written, into "a".
+ */
+static void
+outbox_enqueue_args(FunctionCallInfo fcinfo, OutboxEnqueueArgs *a)
+{
 	Interval   *deliver_after = NULL;
 	int32		max_attempts = idem_outbox_max_attempts;
 	Size		size;
-	char	   *topic_str;
-	char	   *dedup_key = NULL;
-	char	   *ordering_key = NULL;
-	Oid			argtypes[10] = {TEXTOID, TEXTOID, JSONBOID, JSONBOID,
-	TEXTOID, TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID};
-	Datum		values[10];
-	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', 'n', 'n'};
-	Interval	zero;
-	SPIPlanPtr	plan;
-	int			rc;
-	bool		isnull;
-	int64		id = 0;
-	bool		inserted = false;
-	int			attempt;
 
-	tenant = outbox_tenant_arg(fcinfo, 0);
+	memset(a, 0, sizeof(*a));
+	a->tenant = outbox_tenant_arg(fcinfo, 0);
 	idem_require_arg(fcinfo, 1, "topic");
 	idem_require_arg(fcinfo, 2, "payload");
-	topic = PG_GETARG_TEXT_PP(1);
-	payload = PG_GETARG_JSONB_P(2);
+	a->payload = PG_GETARG_JSONB_P(2);
 
-	topic_str = text_to_cstring(topic);
-	if (topic_str[0] == '\0' || strlen(topic_str) > OUTBOX_MAX_TOPIC_LEN)
+	a->topic = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	if (a->topic[0] == '\0' || strlen(a->topic) > OUTBOX_MAX_TOPIC_LEN)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("outbox topic must be 1 to %d bytes long",
@@ -870,24 +886,24 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	{
 		/* the rule of idempotency keys: it travels in an Idempotency-Key header */
 		idem_check_key(PG_GETARG_TEXT_PP(3));
-		key = text_to_cstring(PG_GETARG_TEXT_PP(3));
+		a->key = text_to_cstring(PG_GETARG_TEXT_PP(3));
 	}
 	if (!PG_ARGISNULL(4))
 	{
-		scope = text_to_cstring(PG_GETARG_TEXT_PP(4));
-		if (scope[0] == '\0')
+		a->scope = text_to_cstring(PG_GETARG_TEXT_PP(4));
+		if (a->scope[0] == '\0')
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("outbox scope must not be empty"),
 					 errhint("Pass the scope of the idempotency key, or NULL for none.")));
-		if (key == NULL)
+		if (a->key == NULL)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("outbox scope given without a key"),
 					 errhint("Pass the key together with its scope, or neither.")));
 	}
 	if (!PG_ARGISNULL(5))
-		headers = PG_GETARG_JSONB_P(5);
+		a->headers = PG_GETARG_JSONB_P(5);
 	if (!PG_ARGISNULL(6))
 	{
 		deliver_after = PG_GETARG_INTERVAL_P(6);
@@ -907,37 +923,13 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 					 errdetail("The value given is %d.", max_attempts),
 					 errhint("Pass at least 1, or NULL for idempotency.outbox_max_attempts.")));
 	}
-
-	/* 1.1: dedup_key (the 1.0 SQL function has 8 arguments) */
-	if (PG_NARGS() > 8 && !PG_ARGISNULL(8))
-	{
-		dedup_key = text_to_cstring(PG_GETARG_TEXT_PP(8));
-		if (dedup_key[0] == '\0' || strlen(dedup_key) > OUTBOX_MAX_DEDUP_KEY_LEN)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("dedup_key must be 1 to %d bytes long",
-							OUTBOX_MAX_DEDUP_KEY_LEN),
-					 errdetail("The dedup_key given is %zu bytes long.",
-							   strlen(dedup_key)),
-					 errhint("Pass what identifies the message for its topic, such as the order id, or NULL for no deduplication.")));
-	}
-
-	if (PG_NARGS() > 9 && !PG_ARGISNULL(9))
-	{
-		ordering_key = text_to_cstring(PG_GETARG_TEXT_PP(9));
-		if (ordering_key[0] == '\0' ||
-			strlen(ordering_key) > OUTBOX_MAX_DEDUP_KEY_LEN)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("ordering_key must be 1 to %d bytes long",
-							OUTBOX_MAX_DEDUP_KEY_LEN),
-					 errdetail("The ordering_key given is %zu bytes long.",
-							   strlen(ordering_key)),
-					 errhint("Pass what the messages to deliver in order share, such as the account id, or NULL for no ordering.")));
-	}
+	a->dedup_key = outbox_enqueue_key_arg(fcinfo, 8, "dedup_key",
+										  "Pass what identifies the message for its topic, such as the order id, or NULL for no deduplication.");
+	a->ordering_key = outbox_enqueue_key_arg(fcinfo, 9, "ordering_key",
+											 "Pass what the messages to deliver in order share, such as the account id, or NULL for no ordering.");
 
 	/* binary (jsonb) sizes: what the row will hold */
-	size = VARSIZE(payload) + (headers ? VARSIZE(headers) : 0);
+	size = VARSIZE(a->payload) + (a->headers ? VARSIZE(a->headers) : 0);
 	if (size > (Size) idem_max_payload_size)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -946,90 +938,135 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 						   size, idem_max_payload_size),
 				 errhint("Store large documents elsewhere and enqueue a reference, or raise idempotency.max_payload_size.")));
 
-	memset(&zero, 0, sizeof(zero));
-	values[0] = CStringGetTextDatum(tenant);
-	values[1] = PointerGetDatum(topic);
-	values[2] = JsonbPGetDatum(payload);
-	values[3] = headers ? JsonbPGetDatum(headers) : (Datum) 0;
-	nulls[3] = headers ? ' ' : 'n';
-	values[4] = scope ? CStringGetTextDatum(scope) : (Datum) 0;
-	nulls[4] = scope ? ' ' : 'n';
-	values[5] = key ? CStringGetTextDatum(key) : (Datum) 0;
-	nulls[5] = key ? ' ' : 'n';
-	values[6] = Int32GetDatum(max_attempts);
-	values[7] = IntervalPGetDatum(deliver_after ? deliver_after : &zero);
-	values[8] = dedup_key ? CStringGetTextDatum(dedup_key) : (Datum) 0;
-	nulls[8] = dedup_key ? ' ' : 'n';
-	values[9] = ordering_key ? CStringGetTextDatum(ordering_key) : (Datum) 0;
-	nulls[9] = ordering_key ? ' ' : 'n';
+	/* the insert's parameters; NULL deliver_after is now */
+	memset(a->nulls, ' ', sizeof(a->nulls));
+	a->values[0] = CStringGetTextDatum(a->tenant);
+	a->values[1] = PointerGetDatum(PG_GETARG_TEXT_PP(1));
+	a->values[2] = JsonbPGetDatum(a->payload);
+	a->values[3] = PointerGetDatum(a->headers);
+	a->nulls[3] = a->headers ? ' ' : 'n';
+	a->values[4] = a->scope ? CStringGetTextDatum(a->scope) : (Datum) 0;
+	a->nulls[4] = a->scope ? ' ' : 'n';
+	a->values[5] = a->key ? CStringGetTextDatum(a->key) : (Datum) 0;
+	a->nulls[5] = a->key ? ' ' : 'n';
+	a->values[6] = Int32GetDatum(max_attempts);
+	if (deliver_after == NULL)
+		deliver_after = palloc0(sizeof(Interval));
+	a->values[7] = IntervalPGetDatum(deliver_after);
+	a->values[8] = a->dedup_key ? CStringGetTextDatum(a->dedup_key) : (Datum) 0;
+	a->nulls[8] = a->dedup_key ? ' ' : 'n';
+	a->values[9] = a->ordering_key ?
+		CStringGetTextDatum(a->ordering_key) : (Datum) 0;
+	a->nulls[9] = a->ordering_key ? ' ' : 'n';
+}
+
+/*
+ * Run "plan" with "nargs" parameters of "values" and "nulls" (inside SPI);
+ * returns the id it answers, in its one row, or false when it answers no
+ * row.  "what" names the statement in an error.
+ */
+static bool
+outbox_enqueue_id(SPIPlanPtr plan, Datum *values, const char *nulls,
+				  int expected_rc, const char *what, int64 *id)
+{
+	bool		isnull;
+	int			rc;
+
+	rc = SPI_execute_plan(plan, values, nulls, false, 1);
+	if (rc != expected_rc)
+		elog(ERROR, "outbox %s failed: %s", what, SPI_result_code_string(rc));
+	if (SPI_processed != 1)
+		return false;
+	*id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 1, &isnull));
+	return true;
+}
+
+/*
+ * Deduplicated insert (inside SPI): insert, or find the row of the same
+ * tenant, topic and dedup_key; sets "id" and returns whether it inserted.
+ */
+static bool
+outbox_enqueue_dedup(OutboxEnqueueArgs *a, int64 *id)
+{
+	Oid			lookup_argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
+	Datum		lookup_values[3];
+	SPIPlanPtr	insert;
+	SPIPlanPtr	lookup;
+	int			attempt;
+
+	insert = outbox_plan(&enqueue_dedup_plan, outbox_enqueue_dedup_sql, 10,
+						 (Oid *) outbox_enqueue_argtypes);
+	lookup = outbox_plan(&dedup_lookup_plan, outbox_dedup_lookup_sql, 3,
+						 lookup_argtypes);
+	lookup_values[0] = a->values[0];
+	lookup_values[1] = a->values[1];
+	lookup_values[2] = a->values[8];
+	for (attempt = 0;; attempt++)
+	{
+		if (outbox_enqueue_id(insert, a->values, a->nulls,
+							  SPI_OK_INSERT_RETURNING, "insert", id))
+			return true;
+		/* a row with this dedup_key exists: answer its id */
+		if (outbox_enqueue_id(lookup, lookup_values, NULL, SPI_OK_SELECT,
+							  "dedup lookup", id))
+			return false;
+		/* it was deleted in between: try the insert again */
+		if (attempt >= OUTBOX_DEDUP_RETRIES)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not enqueue or find the outbox row of dedup_key \"%s\"",
+							a->dedup_key),
+					 errdetail("A row with this dedup_key kept being deleted while it was looked up."),
+					 errhint("Retry the transaction.")));
+	}
+}
+
+/*
+ * outbox_enqueue(tenant text, topic text, payload jsonb, key text,
+ *				  scope text, headers jsonb, deliver_after interval,
+ *				  max_attempts int, dedup_key text, ordering_key text)
+ *		RETURNS bigint
+ *
+ * Inserts one pending row in the caller's transaction and arranges a
+ * NOTIFY on idempotency_outbox with the topic as payload at commit; both
+ * vanish if the transaction rolls back.  Takes no lock beyond the inserted
+ * row.  NULL deliver_after means now; NULL max_attempts means
+ * idempotency.outbox_max_attempts.  With a dedup_key, while a row of the
+ * same tenant, topic and dedup_key exists, returns that row's id and
+ * inserts and notifies nothing (see outbox_enqueue_dedup_sql).  With an
+ * ordering_key, first waits for other transactions enqueueing for the
+ * same tenant and key (see OUTBOX_ORDER_LOCK_CLASS).
+ */
+Datum
+idem_outbox_enqueue(PG_FUNCTION_ARGS)
+{
+	OutboxEnqueueArgs a;
+	SPIPlanPtr	plan;
+	int64		id = 0;
+	bool		inserted;
+
+	outbox_enqueue_args(fcinfo, &a);
 
 	/* before the insert draws its id: see OUTBOX_ORDER_LOCK_CLASS */
-	if (ordering_key)
-		outbox_lock_ordering_key(tenant, ordering_key);
+	if (a.ordering_key)
+		outbox_lock_ordering_key(a.tenant, a.ordering_key);
 
 	idem_spi_connect();
-	if (dedup_key == NULL)
-	{
-		if (PG_NARGS() > 8)
-			plan = outbox_plan(&enqueue_plan, outbox_enqueue_sql, 10, argtypes);
-		else
-			plan = outbox_plan(&enqueue_v10_plan, outbox_enqueue_v10_sql, 8,
-							   argtypes);
-		rc = SPI_execute_plan(plan, values, nulls, false, 1);
-		if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
-			elog(ERROR, "outbox insert failed: %s", SPI_result_code_string(rc));
-		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-										 SPI_tuptable->tupdesc, 1, &isnull));
-		inserted = true;
-	}
+	if (a.dedup_key != NULL)
+		inserted = outbox_enqueue_dedup(&a, &id);
 	else
 	{
-		for (attempt = 0;; attempt++)
-		{
-			Oid			lookup_argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
-			Datum		lookup_values[3];
-
-			plan = outbox_plan(&enqueue_dedup_plan, outbox_enqueue_dedup_sql,
-							   10, argtypes);
-			rc = SPI_execute_plan(plan, values, nulls, false, 1);
-			if (rc != SPI_OK_INSERT_RETURNING)
-				elog(ERROR, "outbox insert failed: %s",
-					 SPI_result_code_string(rc));
-			if (SPI_processed == 1)
-			{
-				id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-												 SPI_tuptable->tupdesc, 1,
-												 &isnull));
-				inserted = true;
-				break;
-			}
-
-			/* a row with this dedup_key exists: answer its id */
-			lookup_values[0] = values[0];
-			lookup_values[1] = values[1];
-			lookup_values[2] = values[8];
-			plan = outbox_plan(&dedup_lookup_plan, outbox_dedup_lookup_sql,
-							   3, lookup_argtypes);
-			rc = SPI_execute_plan(plan, lookup_values, NULL, false, 1);
-			if (rc != SPI_OK_SELECT)
-				elog(ERROR, "outbox dedup lookup failed: %s",
-					 SPI_result_code_string(rc));
-			if (SPI_processed == 1)
-			{
-				id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-												 SPI_tuptable->tupdesc, 1,
-												 &isnull));
-				break;
-			}
-			/* it was deleted in between: try the insert again */
-			if (attempt >= OUTBOX_DEDUP_RETRIES)
-				ereport(ERROR,
-						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-						 errmsg("could not enqueue or find the outbox row of dedup_key \"%s\"",
-								dedup_key),
-						 errdetail("A row with this dedup_key kept being deleted while it was looked up."),
-						 errhint("Retry the transaction.")));
-		}
+		if (PG_NARGS() > 8)
+			plan = outbox_plan(&enqueue_plan, outbox_enqueue_sql, 10,
+							   (Oid *) outbox_enqueue_argtypes);
+		else
+			plan = outbox_plan(&enqueue_v10_plan, outbox_enqueue_v10_sql, 8,
+							   (Oid *) outbox_enqueue_argtypes);
+		inserted = outbox_enqueue_id(plan, a.values, a.nulls,
+									 SPI_OK_INSERT_RETURNING, "insert", &id);
+		if (!inserted)
+			elog(ERROR, "outbox insert returned no row");
 	}
 	SPI_finish();
 
@@ -1039,10 +1076,10 @@ outbox_enqueue(PG_FUNCTION_ARGS)
 	 * only when the caller commits.
 	 */
 	if (inserted && idem_outbox_notify)
-		outbox_notify_at_commit(topic_str);
+		outbox_notify_at_commit(a.topic);
 	if (inserted && idem_outbox_emit_messages)
-		outbox_emit_message(tenant, topic_str, id, scope, key, payload,
-							headers, ordering_key);
+		outbox_emit_message(a.tenant, a.topic, id, a.scope, a.key, a.payload,
+							a.headers, a.ordering_key);
 
 	PG_RETURN_INT64(id);
 }
@@ -1097,6 +1134,7 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 	Datum		values[3];
 	char		nulls[3] = {' ', 'n', 'n'};
 	int			filters = 0;
+	int			save_nestlevel;
 	int			rc;
 
 	values[0] = Int32GetDatum(batch);
@@ -1128,7 +1166,19 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 				 (filters & CLAIM_ORDERED) ? outbox_ordered_filter : "");
 		outbox_plan(&lock_plans[filters], sql, 3, argtypes);
 	}
+
+	/*
+	 * The generic plan prices "LIMIT $1" at a tenth of the backlog, which
+	 * on a backlog of some hundred thousand rows passes jit_above_cost: JIT
+	 * would then compile the statement's expressions on every claim, tens
+	 * of milliseconds for a statement that reads "batch" rows.  Plan (the
+	 * plan cache may re-plan here) and run it with jit off.
+	 */
+	save_nestlevel = NewGUCNestLevel();
+	(void) set_config_option("jit", "off", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
 	rc = SPI_execute_plan(lock_plans[filters], values, nulls, false, 0);
+	AtEOXact_GUC(true, save_nestlevel);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "outbox claim failed: %s", SPI_result_code_string(rc));
 	return SPI_processed;
@@ -1276,7 +1326,7 @@ outbox_claim_lease(SPITupleTable *locked, uint64 nlocked, const char *worker,
  * that tenant's rows are claimed.  Returns the leased rows.
  */
 Datum
-outbox_claim(PG_FUNCTION_ARGS)
+idem_outbox_claim(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	char	   *worker;
@@ -1330,7 +1380,7 @@ outbox_claim(PG_FUNCTION_ARGS)
  * tenant's), 55000 already done or dead, 55006 stale lease token.
  */
 Datum
-outbox_ack(PG_FUNCTION_ARGS)
+idem_outbox_ack(PG_FUNCTION_ARGS)
 {
 	char	   *tenant;
 	int64		id;
@@ -1396,7 +1446,7 @@ outbox_fenced_returning(SPIPlanPtr plan, Datum *values, const char *nulls,
  * outbox_ack, plus 22023 for a negative retry_in.
  */
 Datum
-outbox_nack(PG_FUNCTION_ARGS)
+idem_outbox_nack(PG_FUNCTION_ARGS)
 {
 	char	   *tenant;
 	int64		id;
@@ -1449,7 +1499,7 @@ outbox_nack(PG_FUNCTION_ARGS)
  * nothing written: P0002 unknown row, 55000 row not dead.
  */
 Datum
-outbox_requeue(PG_FUNCTION_ARGS)
+idem_outbox_requeue(PG_FUNCTION_ARGS)
 {
 	char	   *tenant;
 	int64		id;
@@ -1497,7 +1547,7 @@ outbox_requeue(PG_FUNCTION_ARGS)
  * unknown row, 55000 row done or dead, 55006 stale lease token.
  */
 Datum
-outbox_extend(PG_FUNCTION_ARGS)
+idem_outbox_extend(PG_FUNCTION_ARGS)
 {
 	char	   *tenant;
 	int64		id;
@@ -1626,7 +1676,7 @@ outbox_require_set_context(FunctionCallInfo fcinfo, const char *name)
  * arrays of different lengths.
  */
 Datum
-outbox_ack_many(PG_FUNCTION_ARGS)
+idem_outbox_ack_many(PG_FUNCTION_ARGS)
 {
 	char	   *tenant;
 	int			n;
@@ -1680,7 +1730,7 @@ outbox_ack_many(PG_FUNCTION_ARGS)
  * outbox_ack_many, plus 22023 for a negative retry_in.
  */
 Datum
-outbox_nack_many(PG_FUNCTION_ARGS)
+idem_outbox_nack_many(PG_FUNCTION_ARGS)
 {
 	char	   *tenant;
 	int			n;
@@ -1728,4 +1778,46 @@ outbox_nack_many(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	return (Datum) 0;
+}
+
+/*
+ * The symbols the SQL functions of version 1.0 name: still exported so
+ * that a database keeps working between installing this library and ALTER
+ * EXTENSION idempotency UPDATE, which points those functions at the
+ * idem_ symbols above.
+ */
+PG_FUNCTION_INFO_V1(outbox_enqueue);
+PG_FUNCTION_INFO_V1(outbox_claim);
+PG_FUNCTION_INFO_V1(outbox_ack);
+PG_FUNCTION_INFO_V1(outbox_nack);
+PG_FUNCTION_INFO_V1(outbox_requeue);
+
+Datum
+outbox_enqueue(PG_FUNCTION_ARGS)
+{
+	return idem_outbox_enqueue(fcinfo);
+}
+
+Datum
+outbox_claim(PG_FUNCTION_ARGS)
+{
+	return idem_outbox_claim(fcinfo);
+}
+
+Datum
+outbox_ack(PG_FUNCTION_ARGS)
+{
+	return idem_outbox_ack(fcinfo);
+}
+
+Datum
+outbox_nack(PG_FUNCTION_ARGS)
+{
+	return idem_outbox_nack(fcinfo);
+}
+
+Datum
+outbox_requeue(PG_FUNCTION_ARGS)
+{
+	return idem_outbox_requeue(fcinfo);
 }

@@ -10,6 +10,38 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 prepare_server
 stage_tree "$top"
 build_and_install ""
+# PGMQ_SRC: a pgmq checkout (its top or its pgmq-extension directory, or a
+# bare git repository, then PGMQ_REF, default the newest v1.5 tag): pgmq is
+# installed beside the extension, and bench/outbox compares with it; without
+# it bench/outbox says that it skips that comparison.  pgmq is pure SQL.
+install_pgmq() {
+    local src=$1 dir=$WORK/pgmq ref
+    mkdir -p "$dir"
+    if git --git-dir="$src" rev-parse --git-dir >/dev/null 2>&1 && [ ! -d "$src/pgmq-extension" ]; then
+        ref=${PGMQ_REF:-$(git --git-dir="$src" tag -l 'v1.5.*' | sort -V | tail -1)}
+        git --git-dir="$src" archive "$ref" pgmq-extension | tar -C "$dir" -xf -
+        dir=$dir/pgmq-extension
+    else
+        [ -d "$src/pgmq-extension" ] && src=$src/pgmq-extension
+        cp -r "$src/." "$dir"
+    fi
+    if [ ! -f "$dir/pgmq.control" ]; then
+        echo "PGMQ_SRC=$1: no pgmq.control there; bench/outbox skips pgmq" >&2
+        return 0
+    fi
+    [ "$(id -u)" -ne 0 ] || chown -R postgres:postgres "$WORK/pgmq"
+    as_postgres make -C "$dir" -s PG_CONFIG="$PG_CONFIG" >/dev/null
+    if [ -n "${IDEM_DESTDIR:-}" ]; then
+        make -C "$dir" -s PG_CONFIG="$PG_CONFIG" install DESTDIR="$IDEM_DESTDIR" >/dev/null
+        chmod -R a+rX "$IDEM_DESTDIR"
+    else
+        make -C "$dir" -s PG_CONFIG="$PG_CONFIG" install >/dev/null
+    fi
+    echo "bench: pgmq $(sed -n "s/^default_version *= *'\(.*\)'/\1/p" "$dir/pgmq.control") installed from $1"
+}
+if [ -n "${PGMQ_SRC:-}" ]; then
+    install_pgmq "$PGMQ_SRC"
+fi
 cluster_options
 # benchmarks run with durable commits, as production does
 CLUSTER_OPTS=("${CLUSTER_OPTS[@]/fsync=off/fsync=on}")

@@ -86,7 +86,7 @@ CREATE FUNCTION outbox_enqueue(tenant text, topic text, payload jsonb,
                                dedup_key text DEFAULT NULL,
                                ordering_key text DEFAULT NULL)
     RETURNS bigint
-    AS 'MODULE_PATHNAME', 'outbox_enqueue'
+    AS 'MODULE_PATHNAME', 'idem_outbox_enqueue'
     LANGUAGE C VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp;
 
@@ -98,7 +98,7 @@ CREATE FUNCTION outbox_claim(worker text, batch int DEFAULT 10,
                              topics text[] DEFAULT NULL,
                              tenant text DEFAULT NULL)
     RETURNS SETOF idempotency.outbox
-    AS 'MODULE_PATHNAME', 'outbox_claim'
+    AS 'MODULE_PATHNAME', 'idem_outbox_claim'
     LANGUAGE C VOLATILE SECURITY DEFINER ROWS 10
     SET search_path = pg_catalog, pg_temp;
 
@@ -108,7 +108,7 @@ COMMENT ON FUNCTION outbox_claim(text, int, interval, text[], text) IS
 CREATE FUNCTION outbox_ack(tenant text, id bigint, lease_token uuid,
                            provider_ref text DEFAULT NULL)
     RETURNS void
-    AS 'MODULE_PATHNAME', 'outbox_ack'
+    AS 'MODULE_PATHNAME', 'idem_outbox_ack'
     LANGUAGE C VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp;
 
@@ -118,7 +118,7 @@ COMMENT ON FUNCTION outbox_ack(text, bigint, uuid, text) IS
 CREATE FUNCTION outbox_nack(tenant text, id bigint, lease_token uuid,
                             error text, retry_in interval DEFAULT NULL)
     RETURNS idempotency.outbox_status
-    AS 'MODULE_PATHNAME', 'outbox_nack'
+    AS 'MODULE_PATHNAME', 'idem_outbox_nack'
     LANGUAGE C VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp;
 
@@ -127,7 +127,7 @@ COMMENT ON FUNCTION outbox_nack(text, bigint, uuid, text, interval) IS
 
 CREATE FUNCTION outbox_requeue(tenant text, id bigint)
     RETURNS void
-    AS 'MODULE_PATHNAME', 'outbox_requeue'
+    AS 'MODULE_PATHNAME', 'idem_outbox_requeue'
     LANGUAGE C VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp;
 
@@ -137,7 +137,7 @@ COMMENT ON FUNCTION outbox_requeue(text, bigint) IS
 CREATE FUNCTION outbox_extend(tenant text, id bigint, lease_token uuid,
                               lease interval DEFAULT '30 seconds')
     RETURNS timestamptz
-    AS 'MODULE_PATHNAME', 'outbox_extend'
+    AS 'MODULE_PATHNAME', 'idem_outbox_extend'
     LANGUAGE C VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp;
 
@@ -162,7 +162,7 @@ GRANT EXECUTE ON FUNCTION outbox_extend(text, bigint, uuid, interval)
 CREATE FUNCTION outbox_ack_many(tenant text, ids bigint[], lease_tokens uuid[],
                                 provider_refs text[] DEFAULT NULL)
     RETURNS SETOF bigint
-    AS 'MODULE_PATHNAME', 'outbox_ack_many'
+    AS 'MODULE_PATHNAME', 'idem_outbox_ack_many'
     LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
     SET search_path = pg_catalog, pg_temp;
 
@@ -172,7 +172,7 @@ COMMENT ON FUNCTION outbox_ack_many(text, bigint[], uuid[], text[]) IS
 CREATE FUNCTION outbox_nack_many(tenant text, ids bigint[], lease_tokens uuid[],
                                  error text, retry_in interval DEFAULT NULL)
     RETURNS TABLE (id bigint, status idempotency.outbox_status)
-    AS 'MODULE_PATHNAME', 'outbox_nack_many'
+    AS 'MODULE_PATHNAME', 'idem_outbox_nack_many'
     LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
     SET search_path = pg_catalog, pg_temp;
 

@@ -1,0 +1,1 @@
+CALL bench_outbox_one(:rounds);

@@ -1,0 +1,1 @@
+CALL bench_pgmq_batch(:rounds);
