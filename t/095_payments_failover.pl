@@ -21,7 +21,8 @@ use PaymentsHarness qw(have_psycopg install_payments spawn wait_http
   read_ack_log check_acknowledged check_outbox_and_provider children_of
   $python);
 
-plan skip_all => 'python3-psycopg is not installed' unless have_psycopg();
+plan skip_all => "the example's Python packages are not installed (scripts/deps.sh)"
+  unless have_psycopg();
 
 my $started = time();
 my $logdir = $PostgreSQL::Test::Utils::log_path;
@@ -75,6 +76,7 @@ my $service = spawn(
 	{
 		PAYMENTS_DSN => $service_dsn,
 		PAYMENTS_PORT => $service_port,
+		PROVIDER_URL => $provider_url,
 		PAYMENTS_PROCESSING_DELAY => '0.02'
 	},
 	$python,

@@ -31,8 +31,9 @@ my ($node, $logdir, $http, $service_url);
 # Why the test cannot run here, or undef.
 sub payments_skip_reason
 {
-	return 'python3-psycopg is not installed'
-	  unless system("$python -c 'import psycopg' 2>/dev/null") == 0;
+	return 'python3-psycopg, -psycopg-pool, -fastapi or -uvicorn is not installed'
+	  unless system("$python -c 'import psycopg, psycopg_pool, fastapi, uvicorn' 2>/dev/null")
+	  == 0;
 	return undef;
 }
 
