@@ -77,7 +77,10 @@ my $service = spawn(
 		PAYMENTS_DSN => $service_dsn,
 		PAYMENTS_PORT => $service_port,
 		PROVIDER_URL => $provider_url,
-		PAYMENTS_PROCESSING_DELAY => '0.02'
+		PAYMENTS_PROCESSING_DELAY => '0.02',
+		# at most a second's wait for a database connection: the outage is
+		# answered 503
+		PAYMENTS_POOL_WAIT => 1
 	},
 	$python,
 	'examples/payments/service.py');
