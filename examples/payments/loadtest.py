@@ -29,7 +29,11 @@ PAYMENTS_PIPELINE=0 (7), and sends each --requests new charges from
 --clients keep-alive clients, in --rounds rounds alternating which copy goes
 first; it prints requests per second and p50 / p99 latency of each, and the
 ratios.  Both copies run in the same conditions, on the same machine, in
-the same run: only the ratios mean much.
+the same run: only the ratios mean much.  --db-delay-ms D puts the database
+D milliseconds away: the services connect through a relay in this process
+that holds each answer of the server for D ms (as a network would), so
+that the cost of a round trip is what it is between machines rather than
+on loopback.
 """
 
 import argparse
@@ -130,9 +134,59 @@ def bench_phase(port, clients, requests, prefix):
     return elapsed, latencies
 
 
+def delay_relay(dsn, delay):
+    """Start a relay that holds every answer of the server named by dsn for
+    delay seconds; return the dsn that goes through it."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    params = conninfo_to_dict(dsn)
+    host = params.get("host") or os.environ.get("PGHOST") or "/var/run/postgresql"
+    port = int(params.get("port") or os.environ.get("PGPORT") or 5432)
+    if host.startswith("/"):
+        target = (socket.AF_UNIX, "%s/.s.PGSQL.%d" % (host, port))
+    else:
+        target = (socket.AF_INET, (host, port))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+
+    def pump(src, dst, hold):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if hold:
+                    time.sleep(hold)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def accept():
+        while True:
+            client, _ = listener.accept()
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            server = socket.socket(target[0], socket.SOCK_STREAM)
+            server.connect(target[1])
+            threading.Thread(target=pump, args=(client, server, 0), daemon=True).start()
+            threading.Thread(target=pump, args=(server, client, delay), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    params.update(host="127.0.0.1", port=str(listener.getsockname()[1]),
+                  sslmode="disable", gssencmode="disable")
+    return make_conninfo(**params)
+
+
 def compare_pipeline(args):
     here = os.path.dirname(os.path.abspath(__file__))
     procs = []
+    dsn = args.compare_pipeline
+    if args.db_delay_ms:
+        dsn = delay_relay(dsn, args.db_delay_ms / 1000.0)
     try:
         provider_port = free_port()
         provider = subprocess.Popen(
@@ -145,7 +199,7 @@ def compare_pipeline(args):
             ports[mode] = free_port()
             svc = subprocess.Popen(
                 [sys.executable, os.path.join(here, "service.py")],
-                env=dict(os.environ, PAYMENTS_DSN=args.compare_pipeline,
+                env=dict(os.environ, PAYMENTS_DSN=dsn,
                          PAYMENTS_PORT=str(ports[mode]), PAYMENTS_PIPELINE=flag,
                          PAYMENTS_POOL_SIZE=str(args.clients),
                          PROVIDER_URL="http://127.0.0.1:%d" % provider_port))
@@ -172,8 +226,10 @@ def compare_pipeline(args):
                             "p50_ms": 1000 * percentile(lat, 50),
                             "p99_ms": 1000 * percentile(lat, 99)}
         print("payments loadtest: %d clients, %d new charges per side in %d rounds"
-              " (alternating which side goes first), pool of %d connections"
-              % (args.clients, result["pipelined"]["requests"], args.rounds, args.clients))
+              " (alternating which side goes first), pool of %d connections, %s"
+              % (args.clients, result["pipelined"]["requests"], args.rounds, args.clients,
+                 "database %g ms away" % args.db_delay_ms if args.db_delay_ms
+                 else "database on the same machine"))
         print("%-34s %12s %9s %9s" % ("", "requests/s", "p50 ms", "p99 ms"))
         for mode, label in (("pipelined", "pipelined (2 round trips)"),
                             ("unpipelined", "PAYMENTS_PIPELINE=0 (7 round trips)")):
@@ -195,6 +251,7 @@ def main():
     ap.add_argument("--compare-pipeline", metavar="DSN")
     ap.add_argument("--requests", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--db-delay-ms", type=float, default=0)
     ap.add_argument("--keys", type=int, default=20)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
