@@ -172,6 +172,9 @@ def delay_relay(dsn, delay):
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             server = socket.socket(target[0], socket.SOCK_STREAM)
             server.connect(target[1])
+            if target[0] == socket.AF_INET:
+                # as libpq does: a pipeline's small writes go out at once
+                server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=pump, args=(client, server, 0), daemon=True).start()
             threading.Thread(target=pump, args=(server, client, delay), daemon=True).start()
 
