@@ -24,7 +24,10 @@ else
 fi
 packages+=(
     libipc-run-perl             # TAP framework
-    python3-psycopg             # examples/payments: a real client library
+    python3-psycopg             # examples/payments: a real client library,
+    python3-psycopg-pool        # its connection pool,
+    python3-fastapi             # the web framework of service.py
+    python3-uvicorn             # and the server that runs it
     curl                        # the demo talks HTTP to the example service
     make
     gcc

@@ -24,7 +24,8 @@ use Time::HiRes qw(sleep time);
 use IdemTest qw(new_idem_node);
 use PaymentsHarness qw(have_psycopg install_payments spawn wait_http ledger $python);
 
-plan skip_all => 'python3-psycopg is not installed' unless have_psycopg();
+plan skip_all => "the example's Python packages are not installed (scripts/deps.sh)"
+  unless have_psycopg();
 
 my $json = JSON::PP->new->canonical;
 my $http = HTTP::Tiny->new(timeout => 10, keep_alive => 0);
@@ -41,7 +42,11 @@ my $provider_url = "http://127.0.0.1:$provider_port";
 spawn('provider', { PROVIDER_PORT => $provider_port },
 	$python, 'examples/payments/provider.py');
 spawn('service',
-	{ PAYMENTS_DSN => "$connstr user=payments_service", PAYMENTS_PORT => $service_port },
+	{
+		PAYMENTS_DSN => "$connstr user=payments_service",
+		PAYMENTS_PORT => $service_port,
+		PROVIDER_URL => $provider_url
+	},
 	$python, 'examples/payments/service.py');
 ok(wait_http("$provider_url/_ledger"), 'provider is up');
 ok(wait_http("$service_url/healthz"), 'service is up');

@@ -21,7 +21,8 @@ use PaymentsHarness qw(have_psycopg install_payments spawn wait_http
   read_ack_log check_acknowledged check_outbox_and_provider children_of
   $python);
 
-plan skip_all => 'python3-psycopg is not installed' unless have_psycopg();
+plan skip_all => "the example's Python packages are not installed (scripts/deps.sh)"
+  unless have_psycopg();
 
 my $started = time();
 my $logdir = $PostgreSQL::Test::Utils::log_path;
@@ -75,7 +76,11 @@ my $service = spawn(
 	{
 		PAYMENTS_DSN => $service_dsn,
 		PAYMENTS_PORT => $service_port,
-		PAYMENTS_PROCESSING_DELAY => '0.02'
+		PROVIDER_URL => $provider_url,
+		PAYMENTS_PROCESSING_DELAY => '0.02',
+		# at most a second's wait for a database connection: the outage is
+		# answered 503
+		PAYMENTS_POOL_WAIT => 1
 	},
 	$python,
 	'examples/payments/service.py');

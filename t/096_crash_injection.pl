@@ -31,7 +31,8 @@ use IdemTest qw(new_idem_node);
 use PaymentsHarness qw(have_psycopg install_payments spawn wait_http
   read_ack_log check_acknowledged check_outbox_and_provider ledger $python);
 
-plan skip_all => 'python3-psycopg is not installed' unless have_psycopg();
+plan skip_all => "the example's Python packages are not installed (scripts/deps.sh)"
+  unless have_psycopg();
 
 my $crashes = $ENV{IDEM_CRASHES} || 24;
 my $started = time();
@@ -73,6 +74,7 @@ my $service = spawn(
 	{
 		PAYMENTS_DSN => "$connstr user=payments_service",
 		PAYMENTS_PORT => $service_port,
+		PROVIDER_URL => $provider_url,
 		PAYMENTS_PROCESSING_DELAY => '0.02'
 	},
 	$python,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Walk through the example payments API with curl: a charge, its replay, a
-# mismatch, a concurrent duplicate, the outbox delivering the capture to
+# mismatch, a concurrent duplicate, a transient provider failure retried, a
+# declined card replayed, the outbox delivering the capture to
 # the provider exactly once, and the reconciliation job settling an attempt
 # that died after the provider captured.  The service, the worker and the
 # operator each log in as a role of their own, granted one of the
@@ -85,10 +86,17 @@ sleep 0.3
 charge order-1002 '{"amount": 10.00, "currency": "USD", "customer": "cus_8"}' >"$LOGS/b"
 wait $first
 cat "$LOGS/a" "$LOGS/b"
-echo "== charges so far (one per key), as the operator sees them:"
+echo "== 6. the provider fails for a moment (cus_flaky: 503): the key is released"
+echo "   (idem_complete retryable => true), the client is answered 503, and its retry charges"
+charge order-1004 '{"amount": 15.00, "currency": "EUR", "customer": "cus_flaky"}'
+charge order-1004 '{"amount": 15.00, "currency": "EUR", "customer": "cus_flaky"}'
+echo "== 7. a declined card is a permanent failure: the 402 is stored and replayed"
+charge order-1005 '{"amount": 99.00, "currency": "EUR", "customer": "cus_declined"}'
+charge order-1005 '{"amount": 99.00, "currency": "EUR", "customer": "cus_declined"}'
+echo "== charges so far (one per key charged), as the operator sees them:"
 as_ops -c "SELECT id, tenant_id, idem_key, amount, currency, status FROM payments.charges ORDER BY id"
 
-echo "== 6. the worker claims the outbox and captures each charge at the provider, once"
+echo "== 8. the worker claims the outbox and captures each charge at the provider, once"
 PAYMENTS_DSN=$WORKER_DSN WORKER_NAME=demo-worker WORKER_LEASE=5 \
     $PY worker.py 2>"$LOGS/worker.log" & pids+=($!)
 for _ in $(seq 50); do
@@ -102,13 +110,13 @@ curl -s "$PROVIDER_URL/_ledger"; echo
 echo
 head -1 "$LOGS/worker.log"
 
-echo "== 7. the operator, as payments_ops: maintenance and health"
+echo "== 9. the operator, as payments_ops: maintenance and health"
 echo "\$ psql -U payments_ops -c 'CALL idem_maintain()'"
 as_ops -q -c 'CALL idem_maintain()'
 as_ops -c 'SELECT processing, needs_reconciliation, outbox_pending, outbox_leased, outbox_dead FROM idempotency.health'
 
 echo
-echo "== 8. reconciliation: a two-phase attempt (reservation and charge committed first,"
+echo "== 10. reconciliation: a two-phase attempt (reservation and charge committed first,"
 echo "   then the provider called) dies after the provider captured, before idem_complete"
 as_service -q -v ON_ERROR_STOP=1 <<'SQL'
 BEGIN;

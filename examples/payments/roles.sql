@@ -16,13 +16,15 @@ BEGIN
 END
 $$;
 
--- The HTTP service (service.py): reserve, complete, enqueue; insert charges
--- and read back the columns its answer shows.
+-- The HTTP service (service.py): reserve, complete, enqueue; insert charges,
+-- with the id it took from the charges' sequence, and read back what it
+-- wrote.
 GRANT idempotency_app TO payments_service;
 GRANT USAGE ON SCHEMA payments TO payments_service;
-GRANT INSERT (tenant_id, idem_key, amount, currency, customer),
+GRANT INSERT (id, tenant_id, idem_key, amount, currency, customer, created_at),
       SELECT (id, created_at)
    ON payments.charges TO payments_service;
+GRANT USAGE ON SEQUENCE payments.charges_id_seq TO payments_service;
 
 -- The outbox worker (worker.py): claim, ack, nack; mark a charge captured.
 GRANT idempotency_worker TO payments_worker;

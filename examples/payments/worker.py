@@ -27,7 +27,11 @@ in service.py), PROVIDER_URL (default
 http://127.0.0.1:8090), WORKER_NAME, WORKER_LEASE (seconds, default 30),
 WORKER_BATCH (default 10).  WORKER_CRASH_AFTER_CALLS=N makes the worker kill
 itself with SIGKILL right after its N-th provider call, before the ack: the
-crash the end-to-end test exercises.
+crash the end-to-end tests exercise.
+
+SIGTERM (or SIGINT) stops the worker cleanly: it delivers the batch it holds,
+claims no more, prints what it did (rows acked, nacked, and acks refused
+because the lease had passed to another worker) and exits 0.
 """
 
 import json
@@ -52,6 +56,13 @@ CRASH_AFTER = int(os.environ.get("WORKER_CRASH_AFTER_CALLS", "0"))
 POLL = 1.0
 
 calls = 0
+done = {"acked": 0, "nacked": 0, "fenced": 0}
+stopping = False
+
+
+def stop(signum, frame):
+    global stopping
+    stopping = True
 
 
 def call_provider(row):
@@ -86,10 +97,14 @@ def work_once(conn):
         try:
             ref = call_provider(row)
         except (urllib.error.URLError, OSError, ValueError) as e:
-            with conn.transaction():
-                conn.execute(
-                    "SELECT outbox_nack(%s, %s, %s, %s)",
-                    (row["tenant_id"], row["id"], row["lease_token"], str(e)[:500]))
+            try:
+                with conn.transaction():
+                    conn.execute(
+                        "SELECT outbox_nack(%s, %s, %s, %s)",
+                        (row["tenant_id"], row["id"], row["lease_token"], str(e)[:500]))
+                done["nacked"] += 1
+            except psycopg.errors.ObjectInUse:
+                done["fenced"] += 1
             continue
         try:
             with conn.transaction():
@@ -100,8 +115,13 @@ def work_once(conn):
                     "UPDATE payments.charges SET status = 'captured', provider_ref = %s"
                     " WHERE tenant_id = %s AND id = %s",
                     (ref, row["tenant_id"], row["payload"]["charge_id"]))
+            done["acked"] += 1
+        except psycopg.errors.ObjectInUse as e:
+            # 55006: the lease expired and another worker holds the row now;
+            # that worker finishes it
+            done["fenced"] += 1
+            sys.stderr.write("%s: ack of %s refused: %s\n" % (NAME, row["id"], e))
         except psycopg.errors.DatabaseError as e:
-            # e.g. the lease expired and another worker holds the row now
             sys.stderr.write("%s: ack of %s refused: %s\n" % (NAME, row["id"], e))
     return len(rows)
 
@@ -124,15 +144,17 @@ def report_role():
 
 
 def main():
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     report_role()
-    while True:
+    while not stopping:
         try:
             conn = psycopg.connect(DSN, autocommit=False, connect_timeout=3,
                                    prepare_threshold=PREPARE_THRESHOLD)
             listen = psycopg.connect(LISTEN_DSN, autocommit=True, connect_timeout=3)
             listen.execute("LISTEN idempotency_outbox")
             sys.stderr.write("%s: started\n" % NAME)
-            while True:
+            while not stopping:
                 if work_once(conn) >= BATCH:
                     continue
                 # idle: wait for a NOTIFY or the poll interval
@@ -142,6 +164,8 @@ def main():
         except psycopg.OperationalError as e:
             sys.stderr.write("%s: database unavailable (%s); retrying\n" % (NAME, e))
             time.sleep(1)
+    sys.stderr.write("%s: stopped: acked %d, nacked %d, fenced %d\n"
+                     % (NAME, done["acked"], done["nacked"], done["fenced"]))
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ my ($node, $logdir, $http, $service_url);
 # Why the test cannot run here, or undef.
 sub payments_skip_reason
 {
-	return 'python3-psycopg is not installed'
-	  unless system("$python -c 'import psycopg' 2>/dev/null") == 0;
+	return 'python3-psycopg, -psycopg-pool, -fastapi or -uvicorn is not installed'
+	  unless system("$python -c 'import psycopg, psycopg_pool, fastapi, uvicorn' 2>/dev/null")
+	  == 0;
 	return undef;
 }
 
@@ -189,7 +190,10 @@ sub run_payments_e2e
 		$python, 'examples/payments/provider.py');
 	my $service = spawn('service',
 		{ %common, PAYMENTS_DSN => $dsn, PAYMENTS_PORT => $service_port,
-		  PAYMENTS_PROCESSING_DELAY => '0.05' },
+		  PAYMENTS_PROCESSING_DELAY => '0.05',
+		  # a request waits a second at most for a database connection:
+		  # an outage is answered 503, and the clients retry
+		  PAYMENTS_POOL_WAIT => 1 },
 		$python, 'examples/payments/service.py');
 	ok(wait_http("$provider_url/_ledger"), 'provider is up');
 	ok(wait_http("$service_url/healthz"), 'service is up');

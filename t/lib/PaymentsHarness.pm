@@ -24,9 +24,13 @@ my $json = JSON::PP->new->canonical;
 # interact badly with delayed ACKs (tens of milliseconds per request)
 my $http = HTTP::Tiny->new(timeout => 10, keep_alive => 0);
 
+# The example's Python packages (Debian: python3-psycopg,
+# python3-psycopg-pool, python3-fastapi, python3-uvicorn)
 sub have_psycopg
 {
-	return -x $python && system("$python -c 'import psycopg' 2>/dev/null") == 0;
+	return -x $python
+	  && system("$python -c 'import psycopg, psycopg_pool, fastapi, uvicorn' 2>/dev/null")
+	  == 0;
 }
 
 # The DBA creates the tables and the roles; the operator (payments_ops,
