@@ -253,7 +253,7 @@ reaped_so_far() { psql_q "$BIG" -c "SELECT coalesce(sum(reaped), 0) FROM idempot
 reaped0=$(reaped_so_far)
 total_s=$((QUIET_SECONDS + REAP_SECONDS + QUIET_SECONDS + 10))
 (cd "$tmp" && pgbench -n -M prepared -c "$REAP_CLIENTS" -j "$REAP_CLIENTS" -T "$total_s" \
-    --log --log-prefix="$tmp/reap" -f "$KEYS_DIR/new_ext.sql" "$BIG" \
+    --log --log-prefix="$tmp/txlog" -f "$KEYS_DIR/new_ext.sql" "$BIG" \
     >"$tmp/reap.out" 2>&1 || true) &
 bench_pid=$!
 start=$(now)
@@ -278,7 +278,7 @@ rate=$(calc "$reaped / ($t1 - $t0)")
 echo "  reaped $reaped keys in $(calc "$t1 - $t0") s = $rate rows/s; $(sizes "$BIG")"
 
 # per transaction: end time (epoch s) and latency (ms)
-cat "$tmp"/reap.* 2>/dev/null | awk 'NF >= 6 { printf "%.6f %.3f\n", $5 + $6 / 1e6, $3 / 1000 }' > "$tmp/lat"
+cat "$tmp"/txlog.* 2>/dev/null | awk 'NF == 6 && $5 > 1e9 { printf "%.6f %.3f\n", $5 + $6 / 1e6, $3 / 1000 }' > "$tmp/lat"
 pct() { sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) { print "nan 0"; exit }
         i = int(NR * '"$1"'); if (i < 1) i = 1; printf "%.2f %d\n", v[i], NR }'; }
 read -r p99_quiet n_quiet < <(awk -v a="$t0" -v b="$t1" '$1 < a || $1 > b { print $2 }' "$tmp/lat" | pct 0.99)
