@@ -98,7 +98,7 @@ fill_range() {
 }
 
 fill() {
-    local db=$1 total=$2 started next=1 done_rows=0 j
+    local db=$1 total=$2 started done_rows=0 shown=0 j
     started=$(now)
     echo "filling $db with $total keys ($FILL_JOBS sessions, $CHUNK keys per statement)"
     # chunk i goes to session i % FILL_JOBS; each session prints its chunks
@@ -118,8 +118,10 @@ fill() {
         done_rows=0
         [ -f "$tmp/fill.$db" ] && done_rows=$(($(wc -l < "$tmp/fill.$db") * CHUNK))
         [ "$done_rows" -gt "$total" ] && done_rows=$total
-        [ "$done_rows" -gt 0 ] &&
+        if [ "$done_rows" -gt "$shown" ]; then
             echo "  $db: $done_rows of $total keys, $(calc "$done_rows / ($(now) - $started)") keys/s"
+            shown=$done_rows
+        fi
     done
     wait
     local got
