@@ -18,9 +18,13 @@
  * maintenance never waits for the hot path and the hot path never waits
  * for more than the rows of one batch.  The reaper selects through the
  * index on expires_at with a LIMIT, so one batch is cheap however large
- * the table is; the sweeper reads the whole table, because the only column
- * that identifies processing keys is status, which deliberately has no
- * index (completion must stay a HOT update).
+ * the table is.  The sweeper cannot use an index: the only column that
+ * identifies processing keys is status, and an index on it (or a partial
+ * index whose predicate names it) would make every completion a non-HOT
+ * update with an insertion into each index of the table.  Instead each
+ * scheduled run reads one slice of the table's pages (a TID range scan,
+ * idempotency.sweep_state.pages_per_run pages) and the next run continues
+ * where it stopped, so its cost is bounded however large the table grows.
  *
  * No string is spliced into SQL: every statement is a saved plan with
  * parameters.  The pg_cron command text is a parameter value.
@@ -39,6 +43,7 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "storage/itemptr.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
@@ -94,24 +99,54 @@ static const char *reap_sql =
  * "stale" for it, the reaper never deletes it, and idem_resolve (which
  * finishes processing keys) ends the reconciliation.
  */
-static const char *sweep_sql =
-"WITH stale AS ("
-"    SELECT k.ctid AS row_id"
-"      FROM idempotency.keys k"
-"      LEFT JOIN idempotency.scopes s ON s.scope = k.scope"
-"     WHERE k.status = 'processing'"
-"       AND NOT k.needs_reconciliation"
-"       AND coalesce(k.locked_at, k.created_at)"
-"           < now() - coalesce($1, s.lock_timeout, $2)"
-"       AND (coalesce(s.stale_action, 'fail') = 'fail'"
-"            OR k.expires_at < now())"
-"       FOR UPDATE OF k SKIP LOCKED),"
-" flagged AS ("
-"    UPDATE idempotency.keys k"
-"       SET needs_reconciliation = true"
-"     WHERE k.ctid = ANY (ARRAY(SELECT row_id FROM stale))"
-" RETURNING k.tenant_id, k.scope)"
-" SELECT tenant_id, scope, count(*) FROM flagged GROUP BY tenant_id, scope";
+#define SWEEP_SQL(range) \
+"WITH stale AS (" \
+"    SELECT k.ctid AS row_id" \
+"      FROM idempotency.keys k" \
+"      LEFT JOIN idempotency.scopes s ON s.scope = k.scope" \
+"     WHERE k.status = 'processing'" \
+"       AND NOT k.needs_reconciliation" \
+"       AND coalesce(k.locked_at, k.created_at)" \
+"           < now() - coalesce($1, s.lock_timeout, $2)" \
+"       AND (coalesce(s.stale_action, 'fail') = 'fail'" \
+"            OR k.expires_at < now())" \
+range \
+"       FOR UPDATE OF k SKIP LOCKED)," \
+" flagged AS (" \
+"    UPDATE idempotency.keys k" \
+"       SET needs_reconciliation = true" \
+"     WHERE k.ctid = ANY (ARRAY(SELECT row_id FROM stale))" \
+" RETURNING k.tenant_id, k.scope)" \
+" SELECT tenant_id, scope, count(*) FROM flagged GROUP BY tenant_id, scope"
+
+/* The whole table: an operator's idem_sweep(older_than). */
+static const char *sweep_sql = SWEEP_SQL("");
+
+/* Pages $3 (inclusive) to $4 (exclusive): one scheduled run. */
+static const char *sweep_slice_sql =
+SWEEP_SQL("       AND k.ctid >= $3 AND k.ctid < $4");
+
+/*
+ * Where the scheduled sweep continues, how many pages it may read, and how
+ * many the table has now.
+ */
+static const char *sweep_state_sql =
+"SELECT coalesce(s.next_page, 0), coalesce(s.pages_per_run, $1),"
+"       pg_catalog.pg_relation_size('idempotency.keys'::pg_catalog.regclass)"
+"  FROM (SELECT) AS one LEFT JOIN idempotency.sweep_state s ON true"
+" LIMIT 1";
+
+/*
+ * Move the cursor.  A concurrent sweep holding the row moves it itself:
+ * skip rather than wait.
+ */
+static const char *sweep_advance_sql =
+"UPDATE idempotency.sweep_state s SET next_page = $1"
+" WHERE s.ctid = ANY (ARRAY(SELECT t.ctid FROM idempotency.sweep_state t"
+"                           FOR UPDATE SKIP LOCKED))";
+
+/* Pages a scheduled sweep reads when sweep_state has no row. */
+#define IDEM_SWEEP_DEFAULT_PAGES 16384
 
 /*
  * Expired outbox leases: the worker died or hung.  As outbox_claim does when
@@ -160,6 +195,9 @@ static const char *unschedule_sql =
 
 static SPIPlanPtr reap_plan = NULL;
 static SPIPlanPtr sweep_plan = NULL;
+static SPIPlanPtr sweep_slice_plan = NULL;
+static SPIPlanPtr sweep_state_plan = NULL;
+static SPIPlanPtr sweep_advance_plan = NULL;
 static SPIPlanPtr reclaim_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
 static SPIPlanPtr schedule_plan = NULL;
@@ -249,25 +287,84 @@ idem_reap(PG_FUNCTION_ARGS)
 }
 
 /*
+ * sweep_slice
+ *		Decide which pages the scheduled sweep reads now: from the cursor
+ *		(back to page 0 when the table has shrunk below it) for at most
+ *		pages_per_run pages.  Sets *from and *to (exclusive) and returns the
+ *		cursor for the next run: 0 once the end of the table is reached.
+ */
+static int64
+sweep_slice(int64 *from, int64 *to)
+{
+	int64		next;
+	int64		pages;
+	int64		nblocks;
+	bool		isnull;
+	int			ret;
+	Oid			argtypes[1] = {INT4OID};
+	Datum		values[1];
+	HeapTuple	tuple;
+	TupleDesc	desc;
+
+	values[0] = Int32GetDatum(IDEM_SWEEP_DEFAULT_PAGES);
+	ret = SPI_execute_plan(idem_saved_plan(&sweep_state_plan, sweep_state_sql,
+										 1, argtypes, 0),
+						   values, NULL, true, 1);
+	if (ret != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "reading the sweep state failed: %s",
+			 SPI_result_code_string(ret));
+	tuple = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	next = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
+	pages = DatumGetInt32(SPI_getbinval(tuple, desc, 2, &isnull));
+	nblocks = DatumGetInt64(SPI_getbinval(tuple, desc, 3, &isnull)) / BLCKSZ;
+
+	if (next < 0 || next >= nblocks)
+		next = 0;
+	*from = next;
+	*to = next + pages;
+	return *to >= nblocks ? 0 : *to;
+}
+
+/* A tid Datum for the first item of page "page" (clamped to a block number). */
+static Datum
+sweep_page_tid(int64 page)
+{
+	ItemPointer tid = (ItemPointer) palloc(sizeof(ItemPointerData));
+
+	if (page > (int64) MaxBlockNumber)
+		page = MaxBlockNumber;
+	ItemPointerSet(tid, (BlockNumber) page, 0);
+	return PointerGetDatum(tid);
+}
+
+/*
  * idem_sweep
  *		SQL: idem_sweep(older_than interval DEFAULT NULL) RETURNS bigint
  *
  * Flags stale processing keys (see sweep_sql) needs_reconciliation, for
  * an operator to settle with idem_resolve; they stay processing.
- * older_than, when given, replaces every scope's lock_timeout.  Row locks:
- * the flagged rows only; rows locked by a live request are skipped.  Counts
- * "swept" per (tenant, scope) and returns the number flagged.
+ * older_than, when given, replaces every scope's lock_timeout and the
+ * whole table is read.  Without it (the scheduled run of idem_maintain),
+ * at most idempotency.sweep_state.pages_per_run pages are read, from where
+ * the last such run stopped, and the cursor moves on: a run costs the same
+ * however large the table is, and the runs go round the whole table.  Row
+ * locks: the flagged rows (and the cursor row) only; rows locked by a live
+ * request are skipped.  Counts "swept" per (tenant, scope) and returns the
+ * number flagged.
  */
 Datum
 idem_sweep(PG_FUNCTION_ARGS)
 {
-	Oid			argtypes[2] = {INTERVALOID, INTERVALOID};
-	Datum		values[2];
-	char		nulls[2] = {' ', ' '};
+	Oid			argtypes[4] = {INTERVALOID, INTERVALOID, TIDOID, TIDOID};
+	Datum		values[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
+	bool		sliced = PG_ARGISNULL(0);
+	int64		next = 0;
 	int			ret;
 	int64		total;
 
-	if (PG_ARGISNULL(0))
+	if (sliced)
 	{
 		values[0] = (Datum) 0;
 		nulls[0] = 'n';
@@ -289,11 +386,39 @@ idem_sweep(PG_FUNCTION_ARGS)
 	values[1] = idem_interval_datum(idem_seconds_interval(idem_default_lock_timeout));
 
 	idem_spi_connect();
-	ret = SPI_execute_plan(idem_saved_plan(&sweep_plan, sweep_sql, 2, argtypes, 0),
-						   values, nulls, false, 0);
+	if (sliced)
+	{
+		int64		from;
+		int64		to;
+
+		next = sweep_slice(&from, &to);
+		values[2] = sweep_page_tid(from);
+		values[3] = sweep_page_tid(to);
+		ret = SPI_execute_plan(idem_saved_plan(&sweep_slice_plan, sweep_slice_sql,
+											 4, argtypes, 0),
+							   values, nulls, false, 0);
+	}
+	else
+		ret = SPI_execute_plan(idem_saved_plan(&sweep_plan, sweep_sql,
+											 2, argtypes, 0),
+							   values, nulls, false, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "sweeping keys failed: %s", SPI_result_code_string(ret));
 	total = maint_count_into_stats(IDEM_STAT_SWEPT);
+
+	if (sliced)
+	{
+		Oid			advtypes[1] = {INT8OID};
+		Datum		advvalues[1];
+
+		advvalues[0] = Int64GetDatum(next);
+		ret = SPI_execute_plan(idem_saved_plan(&sweep_advance_plan,
+											 sweep_advance_sql, 1, advtypes, 0),
+							   advvalues, NULL, false, 0);
+		if (ret != SPI_OK_UPDATE)
+			elog(ERROR, "moving the sweep cursor failed: %s",
+				 SPI_result_code_string(ret));
+	}
 	SPI_finish();
 
 	PG_RETURN_INT64(total);

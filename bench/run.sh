@@ -55,6 +55,14 @@ names=${BENCH:-}
 if [ -z "$names" ]; then
     names=$(cd "$top/bench" && for d in */; do [ -x "$d/run.sh" ] && echo "${d%/}"; done)
 fi
+# bench/maint draws its latency picture with gnuplot
+case " $(echo $names) " in
+    *" maint "*)
+        if ! command -v gnuplot >/dev/null; then
+            apt-get install -y -q gnuplot-nox >/dev/null ||
+                echo "bench: gnuplot-nox could not be installed; bench/maint draws no picture"
+        fi ;;
+esac
 echo "bench: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(pg_config --version)"
 rc=0
 with_cluster bash -c '
@@ -64,5 +72,11 @@ with_cluster bash -c '
         echo "################ bench/$n"
         (cd "'"$WORK"'/bench/$n" && ./run.sh)
     done' || rc=$?
+# what the workloads wrote under bench/results (pictures, data) outlives the
+# scratch copy
+if [ -d "$WORK/bench/results" ]; then
+    mkdir -p "$top/bench/results"
+    cp -r "$WORK/bench/results/." "$top/bench/results/"
+fi
 rm -rf "$WORK"
 exit $rc

@@ -1,6 +1,26 @@
 /* ---- maintenance.c: reaper, sweeper, pg_cron scheduling ---- */
 
 /*
+ * Where the scheduled sweep (idem_sweep() without older_than, as
+ * idem_maintain calls it) continues, and how many pages of the keys table
+ * one run may read.  The sweeper has no index to go by (an index naming
+ * status would make every completion a non-HOT update), so each run reads
+ * one slice of the table by TID range and the next run carries on from
+ * next_page: a run costs at most pages_per_run pages however large the table
+ * grows, and the runs go round the whole table.  One row.
+ */
+CREATE TABLE idempotency.sweep_state (
+    one_row       bool PRIMARY KEY DEFAULT true,
+    next_page     bigint NOT NULL DEFAULT 0,
+    pages_per_run int NOT NULL DEFAULT 16384,
+    CONSTRAINT sweep_state_one_row CHECK (one_row),
+    CONSTRAINT sweep_state_pages_positive CHECK (pages_per_run > 0)
+);
+INSERT INTO idempotency.sweep_state DEFAULT VALUES;
+REVOKE ALL ON idempotency.sweep_state FROM PUBLIC;
+GRANT SELECT, UPDATE (pages_per_run) ON idempotency.sweep_state TO idempotency_admin;
+
+/*
  * Admin functions: each runs with the extension owner's rights and a fixed
  * search_path, and EXECUTE is revoked from PUBLIC.  Grant them to the role
  * that runs maintenance (see README, "Maintenance").
