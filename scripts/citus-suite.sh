@@ -38,7 +38,7 @@ start_node() {
 }
 
 stop_all() {
-    for port in $PC $PW1 $PW2; do
+    for port in $PC $PW1 $PW2 ${PPLAIN:-}; do
         pg_ctl -D "$(node_dir "$port")" -m fast -w stop >/dev/null 2>&1
     done
 }
@@ -118,6 +118,12 @@ else
     for s in ${CITUS_ONLY:-$CITUS_SUITES}; do
         run_suite "$s"
     done
+fi
+
+# CITUS_BENCH=1: requests per second through the coordinator, then on a
+# plain server of the same build (no Citus): a figure, not a suite
+if [ "${CITUS_BENCH:-}" = 1 ] && [ $failed -eq 0 ]; then
+    citus_bench
 fi
 
 if [ $failed -ne 0 ]; then

@@ -36,6 +36,9 @@ suite_distribute() {
     q "$PC" -c "SELECT idem_citus_distribute()" >/dev/null || { fail "idem_citus_distribute()"; return; }
     # running it again finishes what is missing: nothing
     q "$PC" -c "SELECT idem_citus_distribute()" >/dev/null || fail "idem_citus_distribute() a second time"
+    local err
+    err=$(q "$PC" -c "SELECT idem_citus_distribute(0)" 2>&1)
+    case $err in *"shard_count must be positive"*) ;; *) fail "idem_citus_distribute(0): $err" ;; esac
     local got
     got=$(q "$PC" -c "SELECT logicalrelid::text || ' ' || partmethod::text || ' ' ||
                              (colocationid = (SELECT colocationid FROM pg_dist_partition
@@ -363,4 +366,51 @@ suite_restart() {
     got=$(q "$PC" -c "SELECT (SELECT count(*) FROM idempotency.keys WHERE scope = 'restart' AND status = 'succeeded')
                       || ' ' || (SELECT count(*) FROM charges WHERE tenant_id LIKE 'r%')")
     [ "$got" = "$n $n" ] || fail "keys and charges after the retries: $got, not $n $n"
+}
+
+# Not a suite: pgbench of one-statement requests (idem_execute, a handler
+# that inserts a charge; 9 in 10 keys new, 1 in 10 a retry) through the
+# coordinator, then against a plain server of the same build.
+citus_bench() {
+    local secs=${CITUS_BENCH_SECONDS:-30} clients=${CITUS_BENCH_CLIENTS:-8}
+    cat >"$base/bench.sql" <<'EOF2'
+\set t random(1, 1000)
+\set k random(1, 100000000)
+\set r random(1, 10)
+\if :r = 1
+SELECT idem_execute('b:t', 'bench', 'fixed', '{"amount": 1}', 'bench_handler');
+\else
+SELECT idem_execute('b:t', 'bench', 'k:k', '{"amount": 1}', 'bench_handler');
+\endif
+EOF2
+    local setup="CREATE FUNCTION bench_handler(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE sql AS \$\$
+    INSERT INTO public.charges (tenant_id, idem_key, amount) VALUES (tenant, key, 1);
+    SELECT ROW(201, NULL, NULL)::idempotency.response;
+\$\$;"
+    q "$PC" -c "$setup" -c "SELECT create_distributed_function('bench_handler(text, text, jsonb)', 'tenant',
+                              colocate_with => 'idempotency.keys')" >/dev/null || return
+    echo "bench: Citus, coordinator + 2 workers, $clients clients, $secs s:"
+    pgbench -n -p "$PC" -c "$clients" -j 2 -T "$secs" -f "$base/bench.sql" 2>&1 |
+        grep -E '^(tps|number of failed|latency average)' | sed 's/^/bench:   /'
+
+    PPLAIN=$((PW2 + 1))
+    initdb -D "$(node_dir "$PPLAIN")" -U postgres --auth=trust -E UTF8 >/dev/null || return
+    cat >> "$(node_dir "$PPLAIN")/postgresql.conf" <<EOF2
+port = $PPLAIN
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$base'
+shared_preload_libraries = 'idempotency'
+max_connections = 200
+fsync = off
+extension_destdir = '$IDEM_DESTDIR'
+dynamic_library_path = '$lib:\$libdir'
+EOF2
+    start_node "$PPLAIN" || return
+    q "$PPLAIN" -c "CREATE EXTENSION idempotency" \
+        -c "CREATE TABLE charges (tenant_id text NOT NULL, idem_key text NOT NULL, amount int NOT NULL, node int)" \
+        -c "$setup" >/dev/null || return
+    echo "bench: plain server, $clients clients, $secs s:"
+    pgbench -n -p "$PPLAIN" -c "$clients" -j 2 -T "$secs" -f "$base/bench.sql" 2>&1 |
+        grep -E '^(tps|number of failed|latency average)' | sed 's/^/bench:   /'
 }

@@ -43,6 +43,7 @@ chown -R postgres:postgres "$WORK"
 
 rc=0
 as_postgres env CITUS_KEEP="${CITUS_KEEP:-}" CITUS_ONLY="${CITUS_ONLY:-}" \
+    CITUS_BENCH="${CITUS_BENCH:-}" CITUS_BENCH_SECONDS="${CITUS_BENCH_SECONDS:-}" \
     bash "$WORK/scripts/citus-suite.sh" "$WORK" || rc=$?
 if [ $rc -eq 0 ] && [ "${CITUS_KEEP:-}" != 1 ]; then
     rm -rf "$WORK"
