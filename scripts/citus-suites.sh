@@ -87,7 +87,7 @@ SQL
 }
 
 suite_lifecycle() {
-    local port ports got shard tok
+    local port ports got shard tok t
     port=$(shard_port acme)
     echo "  tenant acme lives on $port"
     ports=$(echo "SELECT idem_reserve('acme', 'charge', 'k1', '{\"amount\": 5}');" | routed_ports) ||
@@ -136,6 +136,17 @@ suite_lifecycle() {
     rm -f "$base/hold"
     got=$(q "$PC" -c "SELECT idem_reserve('acme', 'charge', 'k2', '{\"amount\": 1}')" | outcome)
     [ "$got" = replay ] || fail "after the first attempt committed: $got ($(cat "$base/hold.out"))"
+
+    # a role bound to a tenant is held to it on the workers too:
+    # tenant_bindings is a reference table, read on the worker's placement
+    q "$PC" -c "CREATE ROLE citus_bound LOGIN" -c "GRANT idempotency_app TO citus_bound" \
+        -c "SELECT idem_bind_tenant('citus_bound', 'acme')" >/dev/null || fail "binding a role"
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SELECT idem_reserve('acme', 'bound', 'b1', '{}')" | outcome)
+    [ "$got" = created ] || fail "the bound role for its own tenant: $got"
+    for t in acme2 globex initech; do
+        got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SELECT idem_reserve('$t', 'bound', 'b1', '{}')" 2>&1)
+        case $got in *"is bound to tenant \"acme\""*) ;; *) fail "the bound role for tenant $t: $got" ;; esac
+    done
 
     # on a node without the tenant's shard the key functions refuse to run
     # (here the coordinator: Citus does not delegate a call nested in a block)
