@@ -383,7 +383,7 @@ suite_restart() {
 # that inserts a charge; 9 in 10 keys new, 1 in 10 a retry) through the
 # coordinator, then against a plain server of the same build.
 citus_bench() {
-    local secs=${CITUS_BENCH_SECONDS:-30} clients=${CITUS_BENCH_CLIENTS:-8}
+    local secs=${CITUS_BENCH_SECONDS:-20} clients=${CITUS_BENCH_CLIENTS:-8}
     cat >"$base/bench.sql" <<'EOF2'
 \set t random(1, 1000)
 \set k random(1, 100000000)
