@@ -15,3 +15,5 @@ SELECT (idem_reserve('citus_t', 'citus', 'k1', '{"a": 1}')).outcome;
 -- admins only
 SELECT has_function_privilege('idempotency_admin', 'idem_citus_distribute(int)', 'EXECUTE') AS admin,
        has_function_privilege('idempotency_app', 'idem_citus_distribute(int)', 'EXECUTE') AS app;
+-- leave no keys behind for the suites that follow
+DELETE FROM idempotency.keys WHERE tenant_id = 'citus_t';
