@@ -334,33 +334,36 @@ suite_maintenance() {
 }
 
 suite_restart() {
-    local got n=120 i wport
-    # load on tenants of both workers; the worker of tenant r1 restarts
-    # (immediate shutdown, then start) in the middle of it
+    local got n=300 i wport
+    # load on tenants of both workers from one coordinator session, a
+    # request every 20 ms; the worker of tenant r1 restarts (immediate
+    # shutdown, then start) in the middle of it
     wport=$(shard_port r1)
-    : >"$base/restart.ok"
-    : >"$base/restart.failed"
     (
         for i in $(seq 1 $n); do
-            if q "$PC" -c "SELECT idem_execute('r$((i % 30))', 'restart', 'k$i', '{\"amount\": 1}', 'charge_handler')" \
-                 >/dev/null 2>>"$base/restart.err"; then
-                echo "r$((i % 30)) k$i" >>"$base/restart.ok"
-            else
-                echo "r$((i % 30)) k$i" >>"$base/restart.failed"
-            fi
+            echo "\\echo req r$((i % 30)) k$i"
+            echo "SELECT idem_execute('r$((i % 30))', 'restart', 'k$i', '{\"amount\": 1}', 'charge_handler');"
+            sleep 0.02
         done
-    ) &
+    ) | psql -X -q -A -t -p "$PC" >"$base/restart.out" 2>&1 &
     local loader=$!
     for _ in $(seq 1 600); do
-        [ "$(wc -l <"$base/restart.ok")" -ge 30 ] && break
+        [ "$(grep -c '^(created' "$base/restart.out")" -ge 60 ] && break
         sleep 0.1
     done
     pg_ctl -D "$(node_dir "$wport")" -m immediate -w stop >/dev/null
     sleep 1
     start_node "$wport" || fail "worker $wport did not start again"
     wait $loader
+    # each request's answer follows its "req" line: a reservation, or an error
+    awk -v ok="$base/restart.ok" -v failed="$base/restart.failed" '
+        /^req / { cur = $2 " " $3; done = 0; next }
+        cur != "" && !done && /^\(/ { print cur > ok; done = 1; next }
+        cur != "" && !done && /ERROR/ { print cur > failed; done = 1 }' "$base/restart.out"
+    touch "$base/restart.ok" "$base/restart.failed"
     echo "  $(wc -l <"$base/restart.ok") requests committed, $(wc -l <"$base/restart.failed") failed while worker $wport was down"
-    [ "$(wc -l <"$base/restart.ok")" -gt 30 ] || fail "too few requests committed"
+    [ "$(wc -l <"$base/restart.ok")" -gt 60 ] || fail "too few requests committed"
+    [ "$(cat "$base/restart.ok" "$base/restart.failed" | wc -l)" = $n ] || fail "not every request was answered"
     # everything committed is there, once
     q "$PC" -c "SELECT tenant_id || ' ' || idem_key FROM idempotency.keys
                  WHERE scope = 'restart' AND status = 'succeeded' ORDER BY 1" >"$base/restart.keys"
