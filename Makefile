@@ -7,7 +7,7 @@
 
 EXTENSION = idempotency
 MODULE_big = idempotency
-OBJS = idempotency.o fingerprint.o keys.o guard.o execute.o ratelimit.o outbox.o maintenance.o stats.o
+OBJS = idempotency.o fingerprint.o keys.o guard.o execute.o ratelimit.o outbox.o maintenance.o stats.o citus.o
 PGFILEDESC = "idempotency - idempotency keys and a transactional outbox"
 
 # The version comes from the control file, in this one place.  The current
@@ -55,7 +55,7 @@ idempotency--$(EXTVERSION).sql: $(INSTALL_PARTS)
 	cat $^ > $@
 
 # Set-up and walk-through on a Debian 12 machine (as root).
-.PHONY: demo test crash deps bench fuzz check-valgrind
+.PHONY: demo test test-citus crash deps bench fuzz check-valgrind
 deps:
 	bash scripts/deps.sh
 
@@ -65,6 +65,12 @@ demo:
 # PG=17 or PG=18 tests that version (scripts/lib.sh); the default is 15
 test:
 	PG='$(PG)' bash scripts/test.sh
+
+# The extension on a Citus cluster (a coordinator and two workers): an
+# installed Citus, or one built from ../shared/vendor/citus-13.2.2.tar.gz
+# (CITUS_ARCHIVE=...) and cached; skipped, saying why, with neither.
+test-citus:
+	bash scripts/test-citus.sh
 
 # The failover test and the crash injection test alone, with more crashes
 # (CRASHES=N, default 60) than "make test" injects.

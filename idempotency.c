@@ -61,6 +61,9 @@ idem_saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes,
 {
 	SPIPlanPtr	plan;
 
+	if (idem_citus_pass_active)
+		return idem_citus_pass_plan(cache, sql, nargs, argtypes,
+									cursor_options);
 	if (*cache != NULL)
 		return *cache;
 
@@ -117,7 +120,14 @@ binding_of(Oid role, Oid indexid)
 	HeapTuple	tuple;
 	char	   *tenant = NULL;
 
-	rel = table_open(binding_relid, AccessShareLock);
+	/* on Citus, this node's placement of the reference table */
+	rel = table_open(idem_citus_local_relid(binding_relid), AccessShareLock);
+	if (RelationGetRelid(rel) != binding_relid)
+#if PG_VERSION_NUM >= 180000
+		indexid = RelationGetPrimaryKeyIndex(rel, false);
+#else
+		indexid = RelationGetPrimaryKeyIndex(rel);
+#endif
 	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_OIDEQ,
 				ObjectIdGetDatum(role));
 	scan = systable_beginscan(rel, indexid, true, NULL, 1, &key);

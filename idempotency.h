@@ -193,4 +193,38 @@ extern void idem_stats_init(void);
 extern void idem_keys_init(void);
 extern void idem_outbox_init(void);
 
+/* ----------------------------------------------------------------
+ * citus.c: running on Citus (tables distributed by idem_citus_distribute)
+ * ----------------------------------------------------------------
+ */
+
+/* The relation keys_fetch probes: keys_relid, or the tenant's local shard. */
+extern Oid	idem_keys_probe_relid(Oid keys_relid, Datum tenant);
+
+/* A reference table read directly: its placement on this node, or relid. */
+extern Oid	idem_citus_local_relid(Oid relid);
+
+/* The shell table a trigger on a shard of scopes or tenant_bindings stands for. */
+struct RelationData;
+extern Oid	idem_citus_changed_relid(struct RelationData *rel);
+
+/*
+ * Per-node statements (maintenance, outbox claims) run once per pass: one
+ * pass on a plain server, one per local shard group on Citus.  Between
+ * idem_citus_enter and idem_citus_leave, idem_saved_plan prepares the
+ * statements on the pass's shards.
+ */
+extern int	idem_citus_passes(void);
+
+/* Whether the keys table is distributed (this node's keys are in shards). */
+extern bool idem_citus_distributed(void);
+extern int	idem_citus_first_pass(int npasses);
+extern void idem_citus_enter(int pass);
+extern void idem_citus_leave(void);
+extern bool idem_citus_pass_active;
+extern struct _SPI_plan *idem_citus_pass_plan(struct _SPI_plan **cache,
+											  const char *sql, int nargs,
+											  Oid *argtypes,
+											  int cursor_options);
+
 #endif							/* IDEMPOTENCY_H */

@@ -1038,10 +1038,15 @@ Datum
 idem_scopes_changed(PG_FUNCTION_ARGS)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Oid			table;
 
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		elog(ERROR, "idem_scopes_changed: not called by trigger manager");
 	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	/* on Citus the trigger fires on a shard: invalidate its table too */
+	table = idem_citus_changed_relid(trigdata->tg_relation);
+	if (OidIsValid(table))
+		CacheInvalidateRelcacheByRelid(table);
 	PG_RETURN_POINTER(NULL);
 }
 
@@ -1109,7 +1114,9 @@ keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 	CommandCounterIncrement();
 	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
 								GetTransactionSnapshot());
-	heap = table_open(keys_relid, AccessShareLock);
+	/* on Citus, the tenant's shard (citus.c) */
+	heap = table_open(idem_keys_probe_relid(keys_relid, id->values[0]),
+					  AccessShareLock);
 
 	/*
 	 * The primary key as the relcache knows it once the table is locked:

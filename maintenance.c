@@ -272,15 +272,31 @@ idem_reap(PG_FUNCTION_ARGS)
 	Datum		values[1];
 	int			ret;
 	int64		total;
+	int			npasses;
+	int			pass;
+	int			first;
 
 	values[0] = Int32GetDatum(batch_size);
 
 	idem_spi_connect();
-	ret = SPI_execute_plan(idem_saved_plan(&reap_plan, reap_sql, 1, argtypes, 0),
-						   values, NULL, false, 0);
-	if (ret != SPI_OK_SELECT)
-		elog(ERROR, "reaping keys failed: %s", SPI_result_code_string(ret));
-	total = maint_count_into_stats(IDEM_STAT_REAPED);
+	total = 0;
+	npasses = idem_citus_passes();
+	first = idem_citus_first_pass(npasses);
+	for (pass = 0; pass < npasses && total < batch_size; pass++)
+	{
+		/*
+		 * On Citus, each local shard in turn (citus.c), starting with
+		 * another each time, within one batch_size in all.
+		 */
+		values[0] = Int32GetDatum(batch_size - (int32) total);
+		idem_citus_enter((first + pass) % npasses);
+		ret = SPI_execute_plan(idem_saved_plan(&reap_plan, reap_sql, 1, argtypes, 0),
+							   values, NULL, false, 0);
+		if (ret != SPI_OK_SELECT)
+			elog(ERROR, "reaping keys failed: %s", SPI_result_code_string(ret));
+		total += maint_count_into_stats(IDEM_STAT_REAPED);
+		idem_citus_leave();
+	}
 	SPI_finish();
 
 	PG_RETURN_INT64(total);
@@ -363,6 +379,8 @@ idem_sweep(PG_FUNCTION_ARGS)
 	int64		next = 0;
 	int			ret;
 	int64		total;
+	int			npasses;
+	int			pass;
 
 	if (sliced)
 	{
@@ -386,10 +404,19 @@ idem_sweep(PG_FUNCTION_ARGS)
 	values[1] = idem_interval_datum(idem_seconds_interval(idem_default_lock_timeout));
 
 	idem_spi_connect();
+	/*
+	 * On Citus the keys table here is an empty shell and the keys live in
+	 * the local shards: each pass reads one shard whole (the slices follow
+	 * the pages of one table).
+	 */
+	if (sliced && idem_citus_distributed())
+		sliced = false;
 	if (sliced)
 	{
 		int64		from;
 		int64		to;
+		Oid			advtypes[1] = {INT8OID};
+		Datum		advvalues[1];
 
 		next = sweep_slice(&from, &to);
 		values[2] = sweep_page_tid(from);
@@ -397,19 +424,9 @@ idem_sweep(PG_FUNCTION_ARGS)
 		ret = SPI_execute_plan(idem_saved_plan(&sweep_slice_plan, sweep_slice_sql,
 											 4, argtypes, 0),
 							   values, nulls, false, 0);
-	}
-	else
-		ret = SPI_execute_plan(idem_saved_plan(&sweep_plan, sweep_sql,
-											 2, argtypes, 0),
-							   values, nulls, false, 0);
-	if (ret != SPI_OK_SELECT)
-		elog(ERROR, "sweeping keys failed: %s", SPI_result_code_string(ret));
-	total = maint_count_into_stats(IDEM_STAT_SWEPT);
-
-	if (sliced)
-	{
-		Oid			advtypes[1] = {INT8OID};
-		Datum		advvalues[1];
+		if (ret != SPI_OK_SELECT)
+			elog(ERROR, "sweeping keys failed: %s", SPI_result_code_string(ret));
+		total = maint_count_into_stats(IDEM_STAT_SWEPT);
 
 		advvalues[0] = Int64GetDatum(next);
 		ret = SPI_execute_plan(idem_saved_plan(&sweep_advance_plan,
@@ -418,6 +435,23 @@ idem_sweep(PG_FUNCTION_ARGS)
 		if (ret != SPI_OK_UPDATE)
 			elog(ERROR, "moving the sweep cursor failed: %s",
 				 SPI_result_code_string(ret));
+	}
+	else
+	{
+		total = 0;
+		npasses = idem_citus_passes();
+		for (pass = 0; pass < npasses; pass++)
+		{
+			idem_citus_enter(pass);
+			ret = SPI_execute_plan(idem_saved_plan(&sweep_plan, sweep_sql,
+												 2, argtypes, 0),
+								   values, nulls, false, 0);
+			if (ret != SPI_OK_SELECT)
+				elog(ERROR, "sweeping keys failed: %s",
+					 SPI_result_code_string(ret));
+			total += maint_count_into_stats(IDEM_STAT_SWEPT);
+			idem_citus_leave();
+		}
 	}
 	SPI_finish();
 
@@ -437,14 +471,23 @@ idem_reclaim_leases(PG_FUNCTION_ARGS)
 {
 	int			ret;
 	int64		total;
+	int			npasses;
+	int			pass;
 
 	idem_spi_connect();
-	ret = SPI_execute_plan(idem_saved_plan(&reclaim_plan, reclaim_sql, 0, NULL, 0),
-						   NULL, NULL, false, 0);
-	if (ret != SPI_OK_UPDATE)
-		elog(ERROR, "reclaiming outbox leases failed: %s",
-			 SPI_result_code_string(ret));
-	total = (int64) SPI_processed;
+	total = 0;
+	npasses = idem_citus_passes();
+	for (pass = 0; pass < npasses; pass++)
+	{
+		idem_citus_enter(pass);
+		ret = SPI_execute_plan(idem_saved_plan(&reclaim_plan, reclaim_sql, 0, NULL, 0),
+							   NULL, NULL, false, 0);
+		if (ret != SPI_OK_UPDATE)
+			elog(ERROR, "reclaiming outbox leases failed: %s",
+				 SPI_result_code_string(ret));
+		total += (int64) SPI_processed;
+		idem_citus_leave();
+	}
 	SPI_finish();
 
 	PG_RETURN_INT64(total);
@@ -466,17 +509,29 @@ idem_purge_outbox(PG_FUNCTION_ARGS)
 	Datum		values[2];
 	int			ret;
 	int64		total;
+	int			npasses;
+	int			pass;
+	int			first;
 
 	values[0] = Int32GetDatum(batch_size);
 	values[1] = idem_interval_datum(idem_seconds_interval(idem_outbox_retention));
 
 	idem_spi_connect();
-	ret = SPI_execute_plan(idem_saved_plan(&purge_plan, purge_sql, 2, argtypes, 0),
-						   values, NULL, false, 0);
-	if (ret != SPI_OK_DELETE)
-		elog(ERROR, "purging the outbox failed: %s",
-			 SPI_result_code_string(ret));
-	total = (int64) SPI_processed;
+	total = 0;
+	npasses = idem_citus_passes();
+	first = idem_citus_first_pass(npasses);
+	for (pass = 0; pass < npasses && total < batch_size; pass++)
+	{
+		values[0] = Int32GetDatum(batch_size - (int32) total);
+		idem_citus_enter((first + pass) % npasses);
+		ret = SPI_execute_plan(idem_saved_plan(&purge_plan, purge_sql, 2, argtypes, 0),
+							   values, NULL, false, 0);
+		if (ret != SPI_OK_DELETE)
+			elog(ERROR, "purging the outbox failed: %s",
+				 SPI_result_code_string(ret));
+		total += (int64) SPI_processed;
+		idem_citus_leave();
+	}
 	SPI_finish();
 
 	PG_RETURN_INT64(total);

@@ -1135,6 +1135,7 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 	char		nulls[3] = {' ', 'n', 'n'};
 	int			filters = 0;
 	int			save_nestlevel;
+	SPIPlanPtr	plan;
 	int			rc;
 
 	values[0] = Int32GetDatum(batch);
@@ -1153,7 +1154,8 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 	}
 	if (outbox_has_ordering_key())
 		filters |= CLAIM_ORDERED;
-	if (lock_plans[filters] == NULL)
+	plan = lock_plans[filters];
+	if (plan == NULL || idem_citus_pass_active)
 	{
 		char		sql[2048];
 
@@ -1164,7 +1166,7 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 				 (filters & CLAIM_FILTER_TENANT) ?
 				 " AND c.tenant_id = $3" : " AND $3::text IS NULL",
 				 (filters & CLAIM_ORDERED) ? outbox_ordered_filter : "");
-		outbox_plan(&lock_plans[filters], sql, 3, argtypes);
+		plan = outbox_plan(&lock_plans[filters], sql, 3, argtypes);
 	}
 
 	/*
@@ -1177,7 +1179,7 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 	save_nestlevel = NewGUCNestLevel();
 	(void) set_config_option("jit", "off", PGC_USERSET, PGC_S_SESSION,
 							 GUC_ACTION_SAVE, true, 0, false);
-	rc = SPI_execute_plan(lock_plans[filters], values, nulls, false, 0);
+	rc = SPI_execute_plan(plan, values, nulls, false, 0);
 	AtEOXact_GUC(true, save_nestlevel);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "outbox claim failed: %s", SPI_result_code_string(rc));
@@ -1337,6 +1339,9 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	Tuplestorestate *tupstore;
 	MemoryContext oldcontext;
 	uint64		nlocked;
+	int			npasses;
+	int			first;
+	int			pass;
 
 	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
 		(rsinfo->allowedModes & SFRM_Materialize) == 0)
@@ -1356,12 +1361,24 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	MemoryContextSwitchTo(oldcontext);
 
 	idem_spi_connect();
-	nlocked = outbox_claim_lock(batch,
-								PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3),
-								tenant);
-	if (nlocked > 0)
-		outbox_claim_lease(SPI_tuptable, nlocked, worker, lease, tupdesc,
-						   tupstore);
+	npasses = idem_citus_passes();
+	first = idem_citus_first_pass(npasses);
+	for (pass = 0; pass < npasses && batch > 0; pass++)
+	{
+		/*
+		 * On Citus, the local shards one after the other, until the batch
+		 * is full: SKIP LOCKED works within a shard (citus.c).
+		 */
+		idem_citus_enter((first + pass) % npasses);
+		nlocked = outbox_claim_lock(batch,
+									PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3),
+									tenant);
+		if (nlocked > 0)
+			outbox_claim_lease(SPI_tuptable, nlocked, worker, lease, tupdesc,
+							   tupstore);
+		idem_citus_leave();
+		batch -= (int32) nlocked;
+	}
 	SPI_finish();
 
 	rsinfo->returnMode = SFRM_Materialize;

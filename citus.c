@@ -1,0 +1,659 @@
+/*-------------------------------------------------------------------------
+ *
+ * citus.c
+ *	  Running on Citus: the local shards of idempotency.keys and
+ *	  idempotency.outbox.
+ *
+ * idem_citus_distribute() (install/60_citus.sql) distributes keys and
+ * outbox by tenant_id, colocated, makes scopes and tenant_bindings
+ * reference tables, and delegates every function whose first argument is
+ * the tenant to the node holding the tenant's shard.  What runs there
+ * reaches the tables in two ways:
+ *
+ * - Statements (SPI) name the distributed tables; Citus plans them on the
+ *	 node and executes them on the local shard.
+ * - The key functions' hot read probes the primary key directly, under
+ *	 the planner: on Citus it must open the shard relation itself
+ *	 (idempotency.keys_<shardid>), not the table's empty shell.
+ *	 idem_keys_probe_relid() finds it from the tenant's hash, as Citus
+ *	 does, in a per-backend copy of the shard metadata.  A tenant whose
+ *	 shard is not on this node is an error: the key's lock lives where its
+ *	 shard lives, and a key function running elsewhere could not see a
+ *	 reservation held there.
+ *
+ * Maintenance and outbox claims run per node, on each local group of
+ * colocated shards in turn ("passes"): a statement that spans shards
+ * cannot lock rows FOR UPDATE SKIP LOCKED, so inside a pass the saved
+ * statements are prepared once more with the shell tables' names replaced
+ * by the local shards' (idem_citus_pass_plan, called by idem_saved_plan).
+ *
+ * On a server without Citus (or with the tables not distributed) the probe
+ * opens idempotency.keys, there is one pass, and nothing is rewritten.
+ * Whether the tables are distributed is looked up once per backend and
+ * again only after a relcache invalidation of one of them, which Citus
+ * sends whenever their shard metadata changes.
+ *
+ * IDENTIFICATION
+ *	  citus.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_namespace.h"
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+
+#include "idempotency.h"
+
+/* One shard of keys, with its colocated outbox shard. */
+typedef struct CitusShard
+{
+	int32		min;			/* hash range, inclusive */
+	int32		max;
+	int64		keys_shardid;
+	Oid			keys_shard;		/* InvalidOid: not on this node */
+	int64		outbox_shardid; /* 0: no colocated outbox shard */
+	Oid			outbox_shard;
+} CitusShard;
+
+/* A saved plan of a statement rewritten for one pass. */
+typedef struct PassPlanKey
+{
+	SPIPlanPtr *cache;			/* the caller's plan cache: the statement */
+	int64		keys_shardid;	/* the pass */
+} PassPlanKey;
+
+typedef struct PassPlanEntry
+{
+	PassPlanKey key;
+	SPIPlanPtr	plan;
+} PassPlanEntry;
+
+static MemoryContext citus_cxt = NULL;
+static bool citus_valid = false;
+static bool citus_callback_registered = false;
+static bool citus_distributed = false;
+static Oid	citus_keys_relid = InvalidOid;
+static Oid	citus_outbox_relid = InvalidOid;
+static Oid	citus_scopes_relid = InvalidOid;
+static Oid	citus_scopes_shard = InvalidOid;	/* local placement, or invalid */
+static Oid	citus_bindings_relid = InvalidOid;
+static Oid	citus_bindings_shard = InvalidOid;
+static Oid	citus_tenant_collation = InvalidOid;
+static int	citus_nshards = 0;
+static CitusShard *citus_shards = NULL; /* by min */
+static int	citus_npasses = 0;
+static int *citus_passes = NULL;	/* indexes of local shards */
+static HTAB *citus_pass_plans = NULL;
+
+/* The pass being run, or -1; idem_saved_plan tests the flag. */
+static int	citus_pass = -1;
+bool		idem_citus_pass_active = false;
+static int	citus_pass_guc_level = 0;
+static SubTransactionId citus_pass_subid = InvalidSubTransactionId;
+static int	citus_pass_rotor = 0;
+
+static void
+citus_relcache_callback(Datum arg, Oid relid)
+{
+	(void) arg;
+	if (!citus_valid)
+		return;
+	if (relid == InvalidOid || relid == citus_keys_relid ||
+		relid == citus_outbox_relid || relid == citus_scopes_relid ||
+		relid == citus_bindings_relid ||
+		(OidIsValid(citus_scopes_shard) && relid == citus_scopes_shard) ||
+		(OidIsValid(citus_bindings_shard) && relid == citus_bindings_shard))
+		citus_valid = false;
+	else if (citus_distributed)
+	{
+		for (int i = 0; i < citus_nshards; i++)
+			if (relid == citus_shards[i].keys_shard ||
+				relid == citus_shards[i].outbox_shard)
+			{
+				citus_valid = false;
+				break;
+			}
+	}
+}
+
+/* The shard relation "<relname>_<shardid>" in schema idempotency. */
+static Oid
+citus_shard_relid(Oid nsp, const char *relname, int64 shardid)
+{
+	char		name[NAMEDATALEN * 2];
+
+	snprintf(name, sizeof(name), "%s_" INT64_FORMAT, relname, shardid);
+	return get_relname_relid(name, nsp);
+}
+
+/*
+ * Method and colocation of a Citus table ('\0' when it is not one), and,
+ * for a reference table, its shard when this node holds a placement.
+ */
+static char
+citus_table_method(Oid relid, int32 *colocation, Oid nsp, const char *relname,
+				   Oid *local_shard)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			argtypes[1] = {OIDOID};
+	Datum		values[1];
+	bool		isnull;
+	char		method;
+
+	idem_saved_plan(&plan,
+					"SELECT p.partmethod, p.colocationid,"
+					" (SELECT s.shardid FROM pg_catalog.pg_dist_shard s"
+					"   JOIN pg_catalog.pg_dist_placement pl"
+					"     ON pl.shardid OPERATOR(pg_catalog.=) s.shardid"
+					"  WHERE s.logicalrelid OPERATOR(pg_catalog.=) p.logicalrelid"
+					"    AND pl.groupid OPERATOR(pg_catalog.=)"
+					"        (SELECT groupid FROM pg_catalog.pg_dist_local_group)"
+					"  LIMIT 1)"
+					" FROM pg_catalog.pg_dist_partition p"
+					" WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1",
+					1, argtypes, 0);
+	values[0] = ObjectIdGetDatum(relid);
+	idem_spi_execute(plan, values, NULL, true, 1);
+	if (local_shard != NULL)
+		*local_shard = InvalidOid;
+	if (SPI_processed == 0)
+		return '\0';
+	method = DatumGetChar(SPI_getbinval(SPI_tuptable->vals[0],
+										SPI_tuptable->tupdesc, 1, &isnull));
+	*colocation = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 2,
+											  &isnull));
+	if (local_shard != NULL && method == 'n')
+	{
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 3, &isnull);
+
+		if (!isnull)
+			*local_shard = citus_shard_relid(nsp, relname, DatumGetInt64(d));
+	}
+	return method;
+}
+
+/* Load the hash-distributed shards of keys, with outbox's beside them. */
+static void
+citus_load_shards(Oid nsp)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			argtypes[2] = {OIDOID, OIDOID};
+	Datum		values[2];
+	MemoryContext oldcxt;
+	uint64		n;
+
+	idem_saved_plan(&plan,
+					"SELECT k.shardid, k.shardminvalue::pg_catalog.int4,"
+					" k.shardmaxvalue::pg_catalog.int4,"
+					" EXISTS (SELECT FROM pg_catalog.pg_dist_placement pl"
+					"  WHERE pl.shardid OPERATOR(pg_catalog.=) k.shardid"
+					"    AND pl.groupid OPERATOR(pg_catalog.=)"
+					"        (SELECT groupid FROM pg_catalog.pg_dist_local_group)),"
+					" o.shardid"
+					" FROM pg_catalog.pg_dist_shard k"
+					" LEFT JOIN pg_catalog.pg_dist_shard o"
+					"   ON o.logicalrelid OPERATOR(pg_catalog.=) $2"
+					"  AND o.shardminvalue OPERATOR(pg_catalog.=) k.shardminvalue"
+					" WHERE k.logicalrelid OPERATOR(pg_catalog.=) $1"
+					" ORDER BY 2",
+					2, argtypes, 0);
+	values[0] = ObjectIdGetDatum(citus_keys_relid);
+	values[1] = ObjectIdGetDatum(citus_outbox_relid);
+	idem_spi_execute(plan, values, NULL, true, 0);
+	n = SPI_processed;
+	oldcxt = MemoryContextSwitchTo(citus_cxt);
+	citus_shards = palloc0(sizeof(CitusShard) * Max(n, 1));
+	citus_passes = palloc0(sizeof(int) * Max(n, 1));
+	MemoryContextSwitchTo(oldcxt);
+	citus_nshards = (int) n;
+	citus_npasses = 0;
+	for (uint64 i = 0; i < n; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		CitusShard *s = &citus_shards[i];
+		bool		isnull;
+		bool		local;
+		Datum		d;
+
+		s->keys_shardid = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+		s->min = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
+		s->max = DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull));
+		local = DatumGetBool(SPI_getbinval(tup, desc, 4, &isnull));
+		d = SPI_getbinval(tup, desc, 5, &isnull);
+		s->outbox_shardid = isnull ? 0 : DatumGetInt64(d);
+		s->keys_shard = local ?
+			citus_shard_relid(nsp, "keys", s->keys_shardid) : InvalidOid;
+		s->outbox_shard = local && s->outbox_shardid != 0 ?
+			citus_shard_relid(nsp, "outbox", s->outbox_shardid) : InvalidOid;
+		if (OidIsValid(s->keys_shard))
+			citus_passes[citus_npasses++] = (int) i;
+	}
+}
+
+/*
+ * Make sure the Citus metadata copy is current.  Cheap when it is: the
+ * plain server's path costs one flag test.
+ */
+static void
+citus_ensure(void)
+{
+	Oid			nsp;
+	int32		keys_coloc = 0;
+	int32		outbox_coloc = 0;
+	int32		ignore;
+	char		keys_method;
+	char		outbox_method;
+
+	if (citus_valid)
+		return;
+	if (!citus_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(citus_relcache_callback, (Datum) 0);
+		citus_callback_registered = true;
+	}
+	if (citus_pass_plans != NULL)
+	{
+		HASH_SEQ_STATUS seq;
+		PassPlanEntry *entry;
+
+		hash_seq_init(&seq, citus_pass_plans);
+		while ((entry = hash_seq_search(&seq)) != NULL)
+			if (entry->plan != NULL)
+				SPI_freeplan(entry->plan);
+	}
+	if (citus_cxt == NULL)
+		citus_cxt = AllocSetContextCreate(CacheMemoryContext,
+										  "idempotency citus cache",
+										  ALLOCSET_SMALL_SIZES);
+	else
+		MemoryContextReset(citus_cxt);
+	citus_shards = NULL;
+	citus_passes = NULL;
+	citus_nshards = 0;
+	citus_npasses = 0;
+	citus_pass_plans = NULL;
+	citus_distributed = false;
+	citus_scopes_shard = InvalidOid;
+	citus_bindings_shard = InvalidOid;
+
+	nsp = get_namespace_oid("idempotency", false);
+	citus_keys_relid = get_relname_relid("keys", nsp);
+	citus_outbox_relid = get_relname_relid("outbox", nsp);
+	citus_scopes_relid = get_relname_relid("scopes", nsp);
+	citus_bindings_relid = get_relname_relid("tenant_bindings", nsp);
+	if (OidIsValid(citus_keys_relid))
+	{
+		Oid			typid;
+		int32		typmod;
+
+		/* Citus hashes the distribution column with its collation */
+		get_atttypetypmodcoll(citus_keys_relid,
+							  get_attnum(citus_keys_relid, "tenant_id"),
+							  &typid, &typmod, &citus_tenant_collation);
+	}
+
+	/* no Citus in this database: nothing is distributed */
+	if (!OidIsValid(get_relname_relid("pg_dist_partition",
+									  PG_CATALOG_NAMESPACE)) ||
+		!OidIsValid(citus_keys_relid))
+	{
+		citus_valid = true;
+		return;
+	}
+
+	idem_spi_connect();
+	keys_method = citus_table_method(citus_keys_relid, &keys_coloc, nsp,
+									 "keys", NULL);
+	outbox_method = OidIsValid(citus_outbox_relid) ?
+		citus_table_method(citus_outbox_relid, &outbox_coloc, nsp, "outbox",
+						   NULL) : '\0';
+	if (OidIsValid(citus_scopes_relid))
+		(void) citus_table_method(citus_scopes_relid, &ignore, nsp, "scopes",
+								  &citus_scopes_shard);
+	if (OidIsValid(citus_bindings_relid))
+		(void) citus_table_method(citus_bindings_relid, &ignore, nsp,
+								  "tenant_bindings", &citus_bindings_shard);
+	if (keys_method == 'h')
+	{
+		if (outbox_method != 'h' || outbox_coloc != keys_coloc)
+		{
+			SPI_finish();
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("idempotency.keys is distributed but idempotency.outbox is not colocated with it"),
+					 errhint("Distribute the extension's tables with idem_citus_distribute().")));
+		}
+		citus_distributed = true;
+		citus_load_shards(nsp);
+	}
+	else if (keys_method != '\0')
+	{
+		SPI_finish();
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency.keys is a Citus table not distributed by hash"),
+				 errhint("Undistribute it, then distribute the extension's tables with idem_citus_distribute().")));
+	}
+	SPI_finish();
+	citus_valid = true;
+}
+
+/* The shard holding "tenant" (its hash range), or NULL. */
+static CitusShard *
+citus_find_shard(Datum tenant)
+{
+	int32		hash;
+	int			lo = 0;
+	int			hi = citus_nshards - 1;
+
+	hash = DatumGetInt32(DirectFunctionCall1Coll(hashtext,
+												 citus_tenant_collation,
+												 tenant));
+	while (lo <= hi)
+	{
+		int			mid = (lo + hi) / 2;
+
+		if (hash < citus_shards[mid].min)
+			hi = mid - 1;
+		else if (hash > citus_shards[mid].max)
+			lo = mid + 1;
+		else
+			return &citus_shards[mid];
+	}
+	return NULL;
+}
+
+/*
+ * idem_keys_probe_relid
+ *		The relation keys_fetch probes for "tenant": idempotency.keys
+ *		("keys_relid") itself, or on Citus the tenant's shard on this node.
+ */
+Oid
+idem_keys_probe_relid(Oid keys_relid, Datum tenant)
+{
+	CitusShard *shard;
+
+	citus_ensure();
+	if (!citus_distributed)
+		return keys_relid;
+	shard = citus_find_shard(tenant);
+	if (shard == NULL)
+		elog(ERROR, "no shard of idempotency.keys covers tenant \"%s\"",
+			 TextDatumGetCString(tenant));
+	if (!OidIsValid(shard->keys_shard))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the shard of tenant \"%s\" is not on this node",
+						TextDatumGetCString(tenant)),
+				 errdetail("idempotency.keys is distributed with Citus; the key functions run on the node holding the tenant's shard (shard " INT64_FORMAT ").",
+						   shard->keys_shardid),
+				 errhint("Call the function as a statement of its own, SELECT idem_reserve(...), so that Citus delegates it to that node; run idem_citus_distribute() once after CREATE EXTENSION citus.")));
+	return shard->keys_shard;
+}
+
+/*
+ * idem_citus_local_relid
+ *		For a reference table of the extension (scopes, tenant_bindings)
+ *		read directly, its placement on this node; otherwise "relid".
+ */
+Oid
+idem_citus_local_relid(Oid relid)
+{
+	citus_ensure();
+	if (relid == citus_bindings_relid && OidIsValid(citus_bindings_shard))
+		return citus_bindings_shard;
+	if (relid == citus_scopes_relid && OidIsValid(citus_scopes_shard))
+		return citus_scopes_shard;
+	return relid;
+}
+
+/*
+ * idem_citus_changed_relid
+ *		The relation whose relcache entry a change to "rel" must invalidate
+ *		for the backends' caches: on Citus, a trigger of the extension's
+ *		reference tables fires on the shard ("scopes_102040"), whose shell
+ *		("scopes") is what the caches watch.  Looked up by name: the shard
+ *		of a table is "<table>_<shardid>" in the table's schema.
+ */
+Oid
+idem_citus_changed_relid(Relation rel)
+{
+	const char *name = RelationGetRelationName(rel);
+	const char *us = strrchr(name, '_');
+	char		base[NAMEDATALEN];
+	Oid			relid;
+
+	if (us == NULL || us == name || us[1] == '\0' ||
+		strspn(us + 1, "0123456789") != strlen(us + 1))
+		return InvalidOid;
+	memcpy(base, name, us - name);
+	base[us - name] = '\0';
+	if (strcmp(base, "scopes") != 0 && strcmp(base, "tenant_bindings") != 0)
+		return InvalidOid;
+	relid = get_relname_relid(base, RelationGetNamespace(rel));
+	return relid;
+}
+
+/* ----------------------------------------------------------------
+ * Passes: one per local shard group
+ * ----------------------------------------------------------------
+ */
+
+static void
+citus_pass_xact_callback(XactEvent event, void *arg)
+{
+	(void) arg;
+	if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT ||
+		event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT ||
+		event == XACT_EVENT_PREPARE)
+	{
+		citus_pass = -1;
+		idem_citus_pass_active = false;
+		citus_pass_guc_level = 0;
+	}
+}
+
+static void
+citus_pass_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+							SubTransactionId parentSubid, void *arg)
+{
+	(void) parentSubid;
+	(void) arg;
+	/* an error inside a pass ends it; the GUC level unwinds with it */
+	if (event == SUBXACT_EVENT_ABORT_SUB && citus_pass >= 0 &&
+		mySubid == citus_pass_subid)
+	{
+		citus_pass = -1;
+		idem_citus_pass_active = false;
+		citus_pass_guc_level = 0;
+	}
+}
+
+/*
+ * idem_citus_passes
+ *		How many passes a per-node statement (maintenance, outbox claims)
+ *		makes: 1 on a plain server, on Citus one per local shard group
+ *		(0 on a node holding none, such as the coordinator).
+ */
+int
+idem_citus_passes(void)
+{
+	static bool callbacks = false;
+
+	citus_ensure();
+	if (!citus_distributed)
+		return 1;
+	if (!callbacks)
+	{
+		RegisterXactCallback(citus_pass_xact_callback, NULL);
+		RegisterSubXactCallback(citus_pass_subxact_callback, NULL);
+		callbacks = true;
+	}
+	return citus_npasses;
+}
+
+/*
+ * idem_citus_distributed
+ *		Whether idempotency.keys is distributed: this node's keys then live
+ *		in its shards, not in the (empty) table itself.
+ */
+bool
+idem_citus_distributed(void)
+{
+	citus_ensure();
+	return citus_distributed;
+}
+
+/*
+ * The first pass to run of "npasses": claims start on another shard each
+ * time, so that no shard's rows wait for the others'.
+ */
+int
+idem_citus_first_pass(int npasses)
+{
+	if (npasses <= 1)
+		return 0;
+	return (citus_pass_rotor++ & INT_MAX) % npasses;
+}
+
+/*
+ * idem_citus_enter
+ *		Start pass "pass": until idem_citus_leave, idem_saved_plan
+ *		prepares statements on the pass's shards.  No-op on a plain server.
+ */
+void
+idem_citus_enter(int pass)
+{
+	if (!citus_distributed)
+		return;
+	Assert(pass >= 0 && pass < citus_npasses);
+	citus_pass = pass;
+	citus_pass_subid = GetCurrentSubTransactionId();
+	idem_citus_pass_active = true;
+	/* Citus refuses writes to a shard by name unless this is on */
+	citus_pass_guc_level = NewGUCNestLevel();
+	(void) set_config_option("citus.enable_manual_changes_to_shards", "on",
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+							 true, 0, false);
+}
+
+void
+idem_citus_leave(void)
+{
+	if (citus_pass < 0)
+		return;
+	citus_pass = -1;
+	idem_citus_pass_active = false;
+	AtEOXact_GUC(true, citus_pass_guc_level);
+	citus_pass_guc_level = 0;
+}
+
+/*
+ * Append "sql" to "buf" with idempotency.keys, idempotency.outbox and
+ * idempotency.scopes (as whole names) replaced by their shards of the
+ * current pass.
+ */
+static void
+citus_rewrite(StringInfo buf, const char *sql, const CitusShard *shard)
+{
+	static const char *const names[] = {"keys", "outbox", "scopes"};
+	const char *p = sql;
+
+	while (*p != '\0')
+	{
+		bool		replaced = false;
+
+		if (strncmp(p, "idempotency.", 12) == 0 &&
+			(p == sql || !(isalnum((unsigned char) p[-1]) || p[-1] == '_')))
+		{
+			for (int i = 0; i < 3; i++)
+			{
+				size_t		len = strlen(names[i]);
+				const char *end = p + 12 + len;
+				Oid			shard_relid;
+
+				if (strncmp(p + 12, names[i], len) != 0 ||
+					isalnum((unsigned char) *end) || *end == '_')
+					continue;
+				shard_relid = i == 0 ? shard->keys_shard :
+					i == 1 ? shard->outbox_shard : citus_scopes_shard;
+				if (!OidIsValid(shard_relid))
+					break;		/* scopes with no local placement: as is */
+				appendStringInfo(buf, "idempotency.%s",
+								 quote_identifier(get_rel_name(shard_relid)));
+				p = end;
+				replaced = true;
+				break;
+			}
+		}
+		if (!replaced)
+			appendStringInfoChar(buf, *p++);
+	}
+}
+
+/*
+ * idem_citus_pass_plan
+ *		idem_saved_plan inside a pass: the statement of "cache", prepared on
+ *		the pass's shards and kept per pass.
+ */
+SPIPlanPtr
+idem_citus_pass_plan(SPIPlanPtr *cache, const char *sql, int nargs,
+					 Oid *argtypes, int cursor_options)
+{
+	const CitusShard *shard = &citus_shards[citus_passes[citus_pass]];
+	PassPlanKey key;
+	PassPlanEntry *entry;
+	bool		found;
+	StringInfoData buf;
+	SPIPlanPtr	plan;
+
+	if (citus_pass_plans == NULL)
+	{
+		HASHCTL		ctl;
+
+		memset(&ctl, 0, sizeof(ctl));
+		ctl.keysize = sizeof(PassPlanKey);
+		ctl.entrysize = sizeof(PassPlanEntry);
+		ctl.hcxt = citus_cxt;
+		citus_pass_plans = hash_create("idempotency citus plans", 32, &ctl,
+									   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	memset(&key, 0, sizeof(key));
+	key.cache = cache;
+	key.keys_shardid = shard->keys_shardid;
+	entry = hash_search(citus_pass_plans, &key, HASH_ENTER, &found);
+	if (found && entry->plan != NULL)
+		return entry->plan;
+	entry->plan = NULL;
+
+	initStringInfo(&buf);
+	citus_rewrite(&buf, sql, shard);
+	plan = SPI_prepare_cursor(buf.data, nargs, argtypes, cursor_options);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed: %s",
+			 SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	pfree(buf.data);
+	entry->plan = plan;
+	return plan;
+}

@@ -1,0 +1,430 @@
+# Sourced by scripts/citus-suite.sh, which provides q PORT ARGS... (psql on
+# a node), fail MESSAGE, the ports PC (coordinator), PW1 and PW2 (workers),
+# node_dir PORT, start_node PORT and $base (the cluster's directory).  Each
+# suite_NAME is one suite; they run in this order and build on each other.
+CITUS_SUITES="distribute lifecycle payments storm outbox maintenance restart"
+
+# The port of the node holding the shard of tenant $1.
+shard_port() {
+    q "$PC" -c "SELECT nodeport FROM pg_catalog.pg_dist_shard_placement
+                 WHERE shardid = get_shard_id_for_distribution_column('idempotency.keys', '$1')"
+}
+
+# The ports Citus sent commands to while psql ran the statements on the
+# coordinator (citus.log_remote_commands), sorted and unique, one a line;
+# the statements' output is in $base/routed.out.
+routed_ports() {
+    { echo "SET citus.log_remote_commands = on;"; cat; } |
+        psql -X -q -A -t -v ON_ERROR_STOP=1 -p "$PC" >"$base/routed.out" 2>"$base/routed.log"
+    local rc=$?
+    sed -n -E 's/.*on server [^ ]*:([0-9]+) .*/\1/p' "$base/routed.log" | sort -u
+    return $rc
+}
+
+# The outcome of a reservation printed as a record: "(created,,...)" -> created
+outcome() {
+    sed -E 's/^\(([a-z_]+),.*/\1/'
+}
+
+# The lock token in a reservation printed as a record
+token() {
+    grep -oE '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}'
+}
+
+suite_distribute() {
+    q "$PC" -c "CREATE EXTENSION idempotency" || { fail "CREATE EXTENSION idempotency"; return; }
+    q "$PC" -c "SELECT idem_citus_distribute()" >/dev/null || { fail "idem_citus_distribute()"; return; }
+    # running it again finishes what is missing: nothing
+    q "$PC" -c "SELECT idem_citus_distribute()" >/dev/null || fail "idem_citus_distribute() a second time"
+    local err
+    err=$(q "$PC" -c "SELECT idem_citus_distribute(0)" 2>&1)
+    case $err in *"shard_count must be positive"*) ;; *) fail "idem_citus_distribute(0): $err" ;; esac
+    local got
+    got=$(q "$PC" -c "SELECT logicalrelid::text || ' ' || partmethod::text || ' ' ||
+                             (colocationid = (SELECT colocationid FROM pg_dist_partition
+                                               WHERE logicalrelid = 'idempotency.keys'::regclass))
+                        FROM pg_dist_partition WHERE logicalrelid::text LIKE 'idempotency.%'
+                       ORDER BY 1")
+    [ "$got" = "idempotency.keys h true
+idempotency.outbox h true
+idempotency.scopes n false
+idempotency.tenant_bindings n false" ] || fail "distribution: $got"
+    got=$(q "$PC" -c "SELECT count(*) FROM pg_dist_object
+                       WHERE classid = 'pg_proc'::regclass AND distribution_argument_index = 0
+                         AND force_delegation AND colocationid = (SELECT colocationid FROM pg_dist_partition
+                                               WHERE logicalrelid = 'idempotency.keys'::regclass)
+                         AND objid::regproc::text IN ('idem_reserve', 'idem_complete', 'idem_execute',
+                                                      'outbox_enqueue', 'idem_checkpoint', 'idem_release')")
+    [ "$got" = 6 ] || fail "delegated key and outbox functions: $got of 6"
+    # both workers hold shards
+    got=$(q "$PC" -c "SELECT count(DISTINCT nodeport) FROM pg_dist_shard_placement
+                       WHERE shardid IN (SELECT shardid FROM pg_dist_shard
+                                          WHERE logicalrelid = 'idempotency.keys'::regclass)")
+    [ "$got" = 2 ] || fail "keys' shards on $got nodes"
+
+    # an application table colocated with the keys, and a request handler
+    q "$PC" >/dev/null <<'SQL' || fail "application table and handler"
+CREATE TABLE charges (
+    tenant_id text NOT NULL,
+    idem_key  text NOT NULL,
+    amount    int NOT NULL,
+    node      int NOT NULL DEFAULT pg_catalog.inet_server_port()
+);
+SELECT create_distributed_table('charges', 'tenant_id', colocate_with => 'idempotency.keys');
+CREATE FUNCTION charge_handler(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.charges (tenant_id, idem_key, amount)
+    VALUES (tenant, key, (request ->> 'amount')::int);
+    -- a request takes a while: duplicates meet their first attempt running
+    PERFORM pg_catalog.pg_sleep(0.01);
+    RETURN ROW(201, jsonb_build_object('charged', key), NULL)::idempotency.response;
+END
+$$;
+SELECT create_distributed_function('charge_handler(text, text, jsonb)', 'tenant',
+                                   colocate_with => 'idempotency.keys');
+SQL
+}
+
+suite_lifecycle() {
+    local port ports got shard tok t
+    port=$(shard_port acme)
+    echo "  tenant acme lives on $port"
+    ports=$(echo "SELECT idem_reserve('acme', 'charge', 'k1', '{\"amount\": 5}');" | routed_ports) ||
+        { fail "idem_reserve: $(cat "$base/routed.log")"; return; }
+    got=$(outcome <"$base/routed.out")
+    [ "$got" = created ] || fail "first reserve: $got"
+    [ "$ports" = "$port" ] || fail "first reserve ran on [$ports], not on $port alone"
+    tok=$(token <"$base/routed.out")
+    ports=$(echo "SELECT idem_complete('acme', 'charge', 'k1', 201, '{\"id\": \"ch_1\"}', lock_token => '$tok');" | routed_ports) ||
+        { fail "idem_complete: $(cat "$base/routed.log")"; return; }
+    [ "$(cat "$base/routed.out")" = succeeded ] || fail "complete: $(cat "$base/routed.out")"
+    [ "$ports" = "$port" ] || fail "complete ran on [$ports], not on $port alone"
+    # the retry is answered from the key's row in the worker's shard
+    ports=$(echo "SELECT idem_reserve('acme', 'charge', 'k1', '{\"amount\": 5}');" | routed_ports) ||
+        { fail "retry: $(cat "$base/routed.log")"; return; }
+    got=$(cat "$base/routed.out")
+    [ "$(echo "$got" | outcome)" = replay ] || fail "retry: $got"
+    case $got in *'ch_1'*) ;; *) fail "retry does not replay the response: $got" ;; esac
+    [ "$ports" = "$port" ] || fail "retry ran on [$ports], not on $port alone"
+    got=$(q "$PC" -c "SELECT idem_reserve('acme', 'charge', 'k1', '{\"amount\": 6}')" | outcome)
+    [ "$got" = mismatch ] || fail "another request with the same key: $got"
+    # the row is in the shard, on that worker
+    shard=$(q "$PC" -c "SELECT get_shard_id_for_distribution_column('idempotency.keys', 'acme')")
+    got=$(q "$port" -c "SELECT status FROM idempotency.keys_$shard WHERE tenant_id = 'acme' AND idem_key = 'k1'")
+    [ "$got" = succeeded ] || fail "row in idempotency.keys_$shard on $port: '$got'"
+
+    # in_progress: a first attempt holds the key in an open transaction on
+    # the worker; a duplicate meanwhile is answered at once
+    mkfifo "$base/hold"
+    psql -X -q -A -t -p "$PC" <"$base/hold" >"$base/hold.out" 2>&1 &
+    local holder=$!
+    exec 7>"$base/hold"
+    echo "BEGIN; SELECT idem_reserve('acme', 'charge', 'k2', '{\"amount\": 1}');" >&7
+    # until the worker holds the key's lock (the extension's advisory lock class)
+    for _ in $(seq 1 100); do
+        got=$(q "$port" -c "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+                             AND granted AND objsubid = 18756" 2>/dev/null)
+        [ "${got:-0}" -ge 1 ] && break
+        sleep 0.1
+    done
+    got=$(q "$PC" -c "SELECT idem_reserve('acme', 'charge', 'k2', '{\"amount\": 1}')" | outcome)
+    [ "$got" = in_progress ] || fail "duplicate of an open attempt: $got"
+    echo "SELECT idem_complete('acme', 'charge', 'k2', 200, '{}'); COMMIT;" >&7
+    exec 7>&-
+    wait $holder
+    rm -f "$base/hold"
+    got=$(q "$PC" -c "SELECT idem_reserve('acme', 'charge', 'k2', '{\"amount\": 1}')" | outcome)
+    [ "$got" = replay ] || fail "after the first attempt committed: $got ($(cat "$base/hold.out"))"
+
+    # a role bound to a tenant is held to it on the workers too:
+    # tenant_bindings is a reference table, read on the worker's placement
+    q "$PC" -c "CREATE ROLE citus_bound LOGIN" -c "GRANT idempotency_app TO citus_bound" \
+        -c "SELECT idem_bind_tenant('citus_bound', 'acme')" >/dev/null || fail "binding a role"
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SELECT idem_reserve('acme', 'bound', 'b1', '{}')" | outcome)
+    [ "$got" = created ] || fail "the bound role for its own tenant: $got"
+    for t in acme2 globex initech; do
+        got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SELECT idem_reserve('$t', 'bound', 'b1', '{}')" 2>&1)
+        case $got in *"is bound to tenant \"acme\""*) ;; *) fail "the bound role for tenant $t: $got" ;; esac
+    done
+
+    # on a node without the tenant's shard the key functions refuse to run
+    # (here the coordinator: Citus does not delegate a call nested in a block)
+    got=$(q "$PC" -c "DO \$\$ BEGIN PERFORM idem_reserve('acme', 'charge', 'k3', '{}'); END \$\$" 2>&1)
+    case $got in *"is not on this node"*) ;; *) fail "undelegated call on the coordinator: $got" ;; esac
+}
+
+suite_payments() {
+    local port ports got
+    port=$(shard_port globex)
+    echo "  tenant globex lives on $port"
+    ports=$(routed_ports <<'SQL'
+BEGIN;
+SELECT idem_reserve('globex', 'charge', 'p1', '{"amount": 500}');
+INSERT INTO charges (tenant_id, idem_key, amount) VALUES ('globex', 'p1', 500);
+SELECT outbox_enqueue('globex', 'charge.created', '{"amount": 500}', 'p1', 'charge');
+SELECT idem_complete('globex', 'charge', 'p1', 201, '{"id": "ch_p1"}');
+COMMIT;
+SQL
+) || { fail "payment: $(cat "$base/routed.log")"; return; }
+    [ "$ports" = "$port" ] || fail "the payment's transaction ran on [$ports], not on $port alone"
+    if grep -q 'PREPARE TRANSACTION' "$base/routed.log"; then
+        fail "the payment's transaction used two-phase commit"
+    fi
+    got=$(q "$PC" -c "SELECT (SELECT count(*) FROM charges WHERE tenant_id = 'globex' AND idem_key = 'p1')
+                      || ' ' || (SELECT count(*) FROM idempotency.outbox WHERE tenant_id = 'globex' AND idem_key = 'p1')
+                      || ' ' || (SELECT status FROM idempotency.keys WHERE tenant_id = 'globex' AND idem_key = 'p1')")
+    [ "$got" = "1 1 succeeded" ] || fail "charge, outbox row, key: $got"
+    # the insert into the colocated table is a single-shard statement on that worker
+    got=$(q "$PC" -c "EXPLAIN (COSTS OFF) INSERT INTO charges (tenant_id, idem_key, amount) VALUES ('globex', 'x', 1)")
+    case $got in *"Task Count: 1"*"port=$port"*) ;; *) fail "EXPLAIN of the charge: $got" ;; esac
+    # the retry replays; a rolled back attempt leaves nothing
+    got=$(q "$PC" -c "SELECT idem_reserve('globex', 'charge', 'p1', '{\"amount\": 500}')" | outcome)
+    [ "$got" = replay ] || fail "retry of the payment: $got"
+    q "$PC" >/dev/null <<'SQL' || fail "rolled back payment"
+BEGIN;
+SELECT idem_reserve('globex', 'charge', 'p2', '{"amount": 7}');
+INSERT INTO charges (tenant_id, idem_key, amount) VALUES ('globex', 'p2', 7);
+SELECT outbox_enqueue('globex', 'charge.created', '{"amount": 7}', 'p2', 'charge');
+ROLLBACK;
+SQL
+    got=$(q "$PC" -c "SELECT (SELECT count(*) FROM charges WHERE idem_key = 'p2')
+                      + (SELECT count(*) FROM idempotency.outbox WHERE idem_key = 'p2')
+                      + (SELECT count(*) FROM idempotency.keys WHERE idem_key = 'p2')")
+    [ "$got" = 0 ] || fail "a rolled back payment left $got rows"
+    got=$(q "$PC" -c "SELECT idem_reserve('globex', 'charge', 'p2', '{\"amount\": 7}')")
+    [ "$(echo "$got" | outcome)" = created ] || fail "retry of the rolled back payment: $got"
+    q "$PC" -c "SELECT idem_release('globex', 'charge', 'p2', '$(echo "$got" | token)')" >/dev/null ||
+        fail "a release from another transaction"
+}
+
+suite_storm() {
+    local got log
+    # 8 sessions, 1,200 requests on 64 tenants x 20 keys: many duplicates
+    # arrive while their first attempt is running
+    cat >"$base/storm.sql" <<'EOF'
+\set t random(1, 64)
+\set k random(1, 20)
+SELECT idem_execute('s:t', 'storm', 'k:k', '{"amount": 1}', 'charge_handler');
+EOF
+    log=$base/storm.log
+    if ! pgbench -n -p "$PC" -c 8 -j 2 -t 150 -f "$base/storm.sql" >"$log" 2>&1; then
+        fail "pgbench: $(tail -n 5 "$log")"
+    fi
+    grep -E '^(number of transactions actually processed|tps)' "$log" | sed 's/^/  /'
+    got=$(q "$PC" -c "SELECT count(*) FROM (SELECT tenant_id, idem_key FROM charges
+                       WHERE tenant_id LIKE 's%' GROUP BY 1, 2 HAVING count(*) > 1) d")
+    [ "$got" = 0 ] || fail "$got keys were executed more than once"
+    got=$(q "$PC" -c "SELECT (SELECT count(*) FROM idempotency.keys WHERE scope = 'storm' AND status = 'succeeded')
+                      || ' ' || (SELECT count(*) FROM charges WHERE tenant_id LIKE 's%')
+                      || ' ' || (SELECT count(*) FROM idempotency.keys WHERE scope = 'storm')")
+    echo "  succeeded keys, charges, keys: $got"
+    set -- $got
+    [ "$1" = "$2" ] && [ "$1" = "$3" ] && [ "$1" -gt 0 ] || fail "keys and charges differ: $got"
+    # the requests ran on both workers, each on its tenant's worker
+    got=$(q "$PC" -c "SELECT count(DISTINCT node) FROM charges WHERE tenant_id LIKE 's%'")
+    [ "$got" = 2 ] || fail "the handler ran on $got nodes"
+    got=$(q "$PC" -c "SELECT count(*) FROM charges c
+                       WHERE tenant_id LIKE 's%' AND node <> (
+                             SELECT nodeport FROM pg_dist_shard_placement
+                              WHERE shardid = get_shard_id_for_distribution_column('idempotency.keys', c.tenant_id))")
+    [ "$got" = 0 ] || fail "$got charges ran on a node other than their tenant's"
+    for port in $PW1 $PW2; do
+        echo "  worker $port: $(q "$port" -c "SELECT 'created ' || coalesce(sum(created), 0) || ', replayed ' || coalesce(sum(replayed), 0) || ', in_progress ' || coalesce(sum(in_progress), 0) FROM idem_stats() WHERE scope = 'storm'")"
+    done
+}
+
+# drain PORT NAME OUT: claim and acknowledge on one node until nothing is left
+drain() {
+    local port=$1 name=$2 out=$3 rows
+    : >"$out"
+    while :; do
+        rows=$(q "$port" -c "SELECT tenant_id || ' ' || id || ' ' || lease_token
+                               FROM outbox_claim('$name', 7, '5 minutes', ARRAY['evt'])") || return 1
+        [ -n "$rows" ] || break
+        echo "$rows" >>"$out"
+        echo "$rows" | awk '{ printf "SELECT outbox_ack(%c%s%c, %s, %c%s%c);\n", 39, $1, 39, $2, 39, $3, 39 }' |
+            q "$port" >/dev/null || return 1
+    done
+}
+
+suite_outbox() {
+    local got n=360 i
+    for i in $(seq 1 $n); do
+        echo "SELECT outbox_enqueue('o$((i % 60))', 'evt', '{\"n\": $i}');"
+    done | q "$PC" >/dev/null || { fail "enqueue"; return; }
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.outbox WHERE topic = 'evt' AND status = 'pending'")
+    [ "$got" = "$n" ] || fail "$got rows pending, not $n"
+    # the coordinator holds no shard: nothing to claim there
+    got=$(q "$PC" -c "SELECT count(*) FROM outbox_claim('coordinator', 10)")
+    [ "$got" = 0 ] || fail "claimed $got rows on the coordinator"
+    # two outbox workers per node, four at once
+    drain "$PW1" w1a "$base/w1a" & local p1=$!
+    drain "$PW1" w1b "$base/w1b" & local p2=$!
+    drain "$PW2" w2a "$base/w2a" & local p3=$!
+    drain "$PW2" w2b "$base/w2b" & local p4=$!
+    wait $p1 || fail "outbox worker w1a"
+    wait $p2 || fail "outbox worker w1b"
+    wait $p3 || fail "outbox worker w2a"
+    wait $p4 || fail "outbox worker w2b"
+    echo "  delivered: $(wc -l <"$base/w1a") + $(wc -l <"$base/w1b") on $PW1, $(wc -l <"$base/w2a") + $(wc -l <"$base/w2b") on $PW2"
+    got=$(cat "$base/w1a" "$base/w1b" "$base/w2a" "$base/w2b" | awk '{print $1, $2}' | sort | uniq -d | wc -l)
+    [ "$got" = 0 ] || fail "$got rows delivered twice"
+    got=$(cat "$base/w1a" "$base/w1b" "$base/w2a" "$base/w2b" | awk '{print $1, $2}' | sort -u | wc -l)
+    [ "$got" = "$n" ] || fail "$got rows delivered, not $n"
+    [ "$(cat "$base/w1a" "$base/w1b" | wc -l)" -gt 0 ] && [ "$(cat "$base/w2a" "$base/w2b" | wc -l)" -gt 0 ] ||
+        fail "one worker node delivered nothing"
+    got=$(q "$PC" -c "SELECT count(*) FILTER (WHERE status = 'done') || ' ' || count(*)
+                        FROM idempotency.outbox WHERE topic = 'evt'")
+    [ "$got" = "$n $n" ] || fail "done, all: $got"
+}
+
+suite_maintenance() {
+    local got n1 n2 i
+    # a worker session caches the default policy of scope "short" ...
+    got=$(q "$PC" -c "SELECT idem_reserve('m0', 'short', 'first', '{}')")
+    [ "$(echo "$got" | outcome)" = created ] || fail "first key of scope short: $got"
+    q "$PC" -c "SELECT idem_complete('m0', 'short', 'first', 200, '{}', lock_token => '$(echo "$got" | token)')" >/dev/null ||
+        fail "complete the first key of scope short"
+    # ... and the scope's new policy reaches it: scopes is a reference table
+    # whose trigger fires on every node
+    q "$PC" -c "SELECT idem_configure_scope('short', '{\"ttl\": \"1 second\"}')" >/dev/null ||
+        fail "idem_configure_scope"
+    got=$(q "$PW1" -c "SELECT ttl FROM idempotency.scopes WHERE scope = 'short'")
+    [ "$got" = "00:00:01" ] || fail "scope on worker $PW1: '$got'"
+    for i in $(seq 1 40); do
+        echo "SELECT idem_execute('m$i', 'short', 'k', '{\"amount\": 1}', 'charge_handler');"
+    done | q "$PC" >/dev/null || fail "keys of scope short"
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys
+                       WHERE scope = 'short' AND tenant_id <> 'm0'
+                         AND expires_at > now() + interval '1 minute'")
+    [ "$got" = 0 ] || fail "$got keys did not get the scope's new ttl"
+
+    # sweep, reclaim, reap and purge run on each node holding shards
+    # (pg_cron on each node, or calls per node)
+    for i in $(seq 1 12); do echo "SELECT outbox_enqueue('l$i', 'lease', '{}');"; done | q "$PC" >/dev/null
+    for port in $PW1 $PW2; do
+        q "$port" -c "SELECT count(*) FROM outbox_claim('lost-$port', 100, '1 second', ARRAY['lease'])" >/dev/null
+    done
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.outbox WHERE topic = 'lease' AND status = 'leased'")
+    [ "$got" = 12 ] || fail "$got of 12 rows leased"
+    sleep 2
+    n1=$(q "$PW1" -c "SELECT idem_reap(1000)")
+    n2=$(q "$PW2" -c "SELECT idem_reap(1000)")
+    echo "  reaped $n1 on $PW1, $n2 on $PW2"
+    [ "${n1:-0}" -gt 0 ] && [ "${n2:-0}" -gt 0 ] || fail "reaped $n1 and $n2: not on both workers"
+    [ $((n1 + n2)) = 40 ] || fail "reaped $((n1 + n2)) keys, not 40"
+    n1=$(q "$PW1" -c "SELECT idem_reclaim_leases()")
+    n2=$(q "$PW2" -c "SELECT idem_reclaim_leases()")
+    echo "  reclaimed $n1 leases on $PW1, $n2 on $PW2"
+    [ $((n1 + n2)) = 12 ] || fail "reclaimed $((n1 + n2)) leases, not 12"
+    for port in $PW1 $PW2; do
+        q "$port" -c "CALL idem_maintain('5 seconds', 100, '0')" || fail "idem_maintain on $port"
+    done
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys WHERE scope = 'short'")
+    [ "$got" = 1 ] || fail "$got keys of scope short left, not 1"
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.outbox WHERE topic = 'lease' AND status = 'pending'")
+    [ "$got" = 12 ] || fail "$got of 12 reclaimed rows pending"
+    # the coordinator holds no shard: maintenance there does nothing
+    got=$(q "$PC" -c "SELECT idem_reap(1000) + idem_sweep() + idem_reclaim_leases() + idem_purge_outbox(1000)")
+    [ "$got" = 0 ] || fail "maintenance on the coordinator: $got"
+    # health is one cluster-wide query from the coordinator
+    got=$(q "$PC" -c "SELECT outbox_pending FROM idempotency.health") || fail "health on the coordinator"
+    [ "${got:-0}" -ge 12 ] || fail "health: outbox_pending $got"
+}
+
+suite_restart() {
+    local got n=300 i wport
+    # load on tenants of both workers from one coordinator session, a
+    # request every 20 ms; the worker of tenant r1 restarts (immediate
+    # shutdown, then start) in the middle of it
+    wport=$(shard_port r1)
+    (
+        for i in $(seq 1 $n); do
+            echo "\\echo req r$((i % 30)) k$i"
+            echo "SELECT idem_execute('r$((i % 30))', 'restart', 'k$i', '{\"amount\": 1}', 'charge_handler');"
+            sleep 0.02
+        done
+    ) | psql -X -q -A -t -p "$PC" >"$base/restart.out" 2>&1 &
+    local loader=$!
+    for _ in $(seq 1 600); do
+        [ "$(grep -c '^(created' "$base/restart.out")" -ge 60 ] && break
+        sleep 0.1
+    done
+    pg_ctl -D "$(node_dir "$wport")" -m immediate -w stop >/dev/null
+    sleep 1
+    start_node "$wport" || fail "worker $wport did not start again"
+    wait $loader
+    # each request's answer follows its "req" line: a reservation, or an error
+    awk -v ok="$base/restart.ok" -v failed="$base/restart.failed" '
+        /^req / { cur = $2 " " $3; done = 0; next }
+        cur != "" && !done && /^\(/ { print cur > ok; done = 1; next }
+        cur != "" && !done && /ERROR/ { print cur > failed; done = 1 }' "$base/restart.out"
+    touch "$base/restart.ok" "$base/restart.failed"
+    echo "  $(wc -l <"$base/restart.ok") requests committed, $(wc -l <"$base/restart.failed") failed while worker $wport was down"
+    [ "$(wc -l <"$base/restart.ok")" -gt 60 ] || fail "too few requests committed"
+    [ "$(cat "$base/restart.ok" "$base/restart.failed" | wc -l)" = $n ] || fail "not every request was answered"
+    # everything committed is there, once
+    q "$PC" -c "SELECT tenant_id || ' ' || idem_key FROM idempotency.keys
+                 WHERE scope = 'restart' AND status = 'succeeded' ORDER BY 1" >"$base/restart.keys"
+    got=$(sort "$base/restart.ok" | comm -23 - <(sort "$base/restart.keys") | wc -l)
+    [ "$got" = 0 ] || fail "$got committed requests lost"
+    got=$(q "$PC" -c "SELECT count(*) FROM (SELECT 1 FROM charges WHERE tenant_id LIKE 'r%'
+                                             GROUP BY tenant_id, idem_key HAVING count(*) > 1) d")
+    [ "$got" = 0 ] || fail "$got requests charged twice"
+    # the retries of the failed requests run now (or replay)
+    while read -r t k; do
+        got=$(q "$PC" -c "SELECT idem_execute('$t', 'restart', '$k', '{\"amount\": 1}', 'charge_handler')" | outcome)
+        case $got in created|replay) ;; *) fail "retry of $t $k after the restart: $got" ;; esac
+    done <"$base/restart.failed"
+    got=$(q "$PC" -c "SELECT (SELECT count(*) FROM idempotency.keys WHERE scope = 'restart' AND status = 'succeeded')
+                      || ' ' || (SELECT count(*) FROM charges WHERE tenant_id LIKE 'r%')")
+    [ "$got" = "$n $n" ] || fail "keys and charges after the retries: $got, not $n $n"
+}
+
+# Not a suite: pgbench of one-statement requests (idem_execute, a handler
+# that inserts a charge; 9 in 10 keys new, 1 in 10 a retry) through the
+# coordinator, then against a plain server of the same build.
+citus_bench() {
+    local secs=${CITUS_BENCH_SECONDS:-20} clients=${CITUS_BENCH_CLIENTS:-8}
+    cat >"$base/bench.sql" <<'EOF2'
+\set t random(1, 1000)
+\set k random(1, 100000000)
+\set r random(1, 10)
+\if :r = 1
+SELECT idem_execute('b:t', 'bench', 'fixed', '{"amount": 1}', 'bench_handler');
+\else
+SELECT idem_execute('b:t', 'bench', 'k:k', '{"amount": 1}', 'bench_handler');
+\endif
+EOF2
+    local setup="CREATE FUNCTION bench_handler(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE sql AS \$\$
+    INSERT INTO public.charges (tenant_id, idem_key, amount) VALUES (tenant, key, 1);
+    SELECT ROW(201, NULL, NULL)::idempotency.response;
+\$\$;"
+    q "$PC" -c "$setup" -c "SELECT create_distributed_function('bench_handler(text, text, jsonb)', 'tenant',
+                              colocate_with => 'idempotency.keys')" >/dev/null || return
+    echo "bench: Citus, coordinator + 2 workers, $clients clients, $secs s:"
+    pgbench -n -p "$PC" -c "$clients" -j 2 -T "$secs" -f "$base/bench.sql" 2>&1 |
+        grep -E '^(tps|number of failed|latency average)' | sed 's/^/bench:   /'
+
+    PPLAIN=$((PW2 + 1))
+    initdb -D "$(node_dir "$PPLAIN")" -U postgres --auth=trust -E UTF8 >/dev/null || return
+    cat >> "$(node_dir "$PPLAIN")/postgresql.conf" <<EOF2
+port = $PPLAIN
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$base'
+shared_preload_libraries = 'idempotency'
+max_connections = 200
+fsync = off
+extension_destdir = '$IDEM_DESTDIR'
+dynamic_library_path = '$lib:\$libdir'
+EOF2
+    start_node "$PPLAIN" || return
+    q "$PPLAIN" -c "CREATE EXTENSION idempotency" \
+        -c "CREATE TABLE charges (tenant_id text NOT NULL, idem_key text NOT NULL, amount int NOT NULL, node int)" \
+        -c "$setup" >/dev/null || return
+    echo "bench: plain server, $clients clients, $secs s:"
+    pgbench -n -p "$PPLAIN" -c "$clients" -j 2 -T "$secs" -f "$base/bench.sql" 2>&1 |
+        grep -E '^(tps|number of failed|latency average)' | sed 's/^/bench:   /'
+}
