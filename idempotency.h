@@ -194,6 +194,17 @@ extern void idem_keys_init(void);
 extern void idem_outbox_init(void);
 
 /* ----------------------------------------------------------------
+ * The outbox's rule for a lost lease, shared by outbox_claim (which meets
+ * expired leases among due rows) and the maintenance's lease reclaim: a
+ * lease that expired counts as a failed attempt, and the message is dead
+ * once that attempt was its last.  SQL fragments over the outbox row "o".
+ * ----------------------------------------------------------------
+ */
+#define IDEM_OUTBOX_LOST_LEASE_IS_LAST "o.attempts + 1 >= o.max_attempts"
+#define IDEM_OUTBOX_LOST_LEASE_ERROR \
+	"'lease of worker \"' || o.leased_by || '\" expired'"
+
+/* ----------------------------------------------------------------
  * citus.c: running on Citus (tables distributed by idem_citus_distribute)
  * ----------------------------------------------------------------
  */

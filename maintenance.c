@@ -165,11 +165,11 @@ static const char *reclaim_sql =
 "       AND o.available_at < now()"
 "       FOR UPDATE SKIP LOCKED)"
 " UPDATE idempotency.outbox o"
-"    SET status = CASE WHEN o.attempts + 1 >= o.max_attempts"
+"    SET status = CASE WHEN " IDEM_OUTBOX_LOST_LEASE_IS_LAST
 "                      THEN 'dead' ELSE 'pending' END::idempotency.outbox_status,"
 "        attempts = o.attempts + 1,"
-"        last_error = 'lease of worker \"' || o.leased_by || '\" expired',"
-"        leased_by = CASE WHEN o.attempts + 1 >= o.max_attempts"
+"        last_error = " IDEM_OUTBOX_LOST_LEASE_ERROR ","
+"        leased_by = CASE WHEN " IDEM_OUTBOX_LOST_LEASE_IS_LAST
 "                         THEN o.leased_by END,"
 "        lease_token = NULL, lease_until = NULL"
 "  WHERE o.ctid = ANY (ARRAY(SELECT row_id FROM expired))";

@@ -282,18 +282,18 @@ static const char *outbox_lock_sql_format =
 
 static const char *outbox_lease_sql =
 "UPDATE idempotency.outbox o"
-"    SET status = CASE WHEN o.status = 'leased' AND o.attempts + 1 >= o.max_attempts"
+"    SET status = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST
 "                      THEN 'dead'::idempotency.outbox_status"
 "                      ELSE 'leased'::idempotency.outbox_status END,"
 "        attempts = o.attempts + CASE WHEN o.status = 'leased' THEN 1 ELSE 0 END,"
 "        last_error = CASE WHEN o.status = 'leased'"
-"                          THEN 'lease of worker \"' || o.leased_by || '\" expired'"
+"                          THEN " IDEM_OUTBOX_LOST_LEASE_ERROR
 "                          ELSE o.last_error END,"
-"        lease_token = CASE WHEN o.status = 'leased' AND o.attempts + 1 >= o.max_attempts"
+"        lease_token = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST
 "                           THEN NULL ELSE pg_catalog.gen_random_uuid() END,"
-"        leased_by = CASE WHEN o.status = 'leased' AND o.attempts + 1 >= o.max_attempts"
+"        leased_by = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST
 "                         THEN o.leased_by ELSE $1 END,"
-"        lease_until = CASE WHEN o.status = 'leased' AND o.attempts + 1 >= o.max_attempts"
+"        lease_until = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST
 "                           THEN NULL ELSE pg_catalog.statement_timestamp() + $2 END,"
 "        available_at = pg_catalog.statement_timestamp() + $2"
 "  WHERE o.ctid = ANY ($3)"
