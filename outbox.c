@@ -1315,6 +1315,20 @@ outbox_claim_lease(SPITupleTable *locked, uint64 nlocked, const char *worker,
 	outbox_claim_emit(leased->tupdesc, ordered, nlocked, tupdesc, tupstore);
 }
 
+/* Raise 0A000 unless the caller accepts a set in materialize mode. */
+static void
+outbox_require_set_context(FunctionCallInfo fcinfo, const char *name)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+		(rsinfo->allowedModes & SFRM_Materialize) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("%s must be called in a context that accepts a set", name),
+				 errhint("Call it in FROM: SELECT * FROM %s(...).", name)));
+}
+
 /*
  * outbox_claim(worker text, batch int, lease interval, topics text[],
  *				tenant text) RETURNS SETOF idempotency.outbox
@@ -1337,28 +1351,18 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	char	   *tenant;
 	TupleDesc	tupdesc;
 	Tuplestorestate *tupstore;
-	MemoryContext oldcontext;
 	uint64		nlocked;
 	int			npasses;
 	int			first;
 	int			pass;
 
-	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
-		(rsinfo->allowedModes & SFRM_Materialize) == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("outbox_claim must be called in a context that accepts a set"),
-				 errhint("Call it in FROM: SELECT * FROM outbox_claim(...).")));
+	outbox_require_set_context(fcinfo, "outbox_claim");
 	outbox_claim_args(fcinfo, &worker, &batch, &lease, &tenant);
 
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type of outbox_claim must be a row type");
-
-	/* the result set outlives this call: build it in the query's context */
-	oldcontext = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
-	tupdesc = CreateTupleDescCopy(tupdesc);
-	tupstore = tuplestore_begin_heap(true, false, work_mem);
-	MemoryContextSwitchTo(oldcontext);
+	/* the result set, in the query's memory, as the function's row type */
+	InitMaterializedSRF(fcinfo, 0);
+	tupstore = rsinfo->setResult;
+	tupdesc = rsinfo->setDesc;
 
 	idem_spi_connect();
 	npasses = idem_citus_passes();
@@ -1380,10 +1384,6 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 		batch -= (int32) nlocked;
 	}
 	SPI_finish();
-
-	rsinfo->returnMode = SFRM_Materialize;
-	rsinfo->setResult = tupstore;
-	rsinfo->setDesc = tupdesc;
 	return (Datum) 0;
 }
 
@@ -1648,36 +1648,13 @@ static Datum
 outbox_return_spi_rows(FunctionCallInfo fcinfo)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	MemoryContext oldcontext;
-	Tuplestorestate *tupstore;
-	TupleDesc	tupdesc;
 	uint64		i;
 
-	oldcontext = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
-	tupdesc = CreateTupleDescCopy(SPI_tuptable->tupdesc);
-	tupstore = tuplestore_begin_heap(true, false, work_mem);
+	/* the shape the caller expects, which the statement's result has */
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	for (i = 0; i < SPI_processed; i++)
-		tuplestore_puttuple(tupstore, SPI_tuptable->vals[i]);
-	MemoryContextSwitchTo(oldcontext);
-
-	rsinfo->returnMode = SFRM_Materialize;
-	rsinfo->setResult = tupstore;
-	rsinfo->setDesc = tupdesc;
+		tuplestore_puttuple(rsinfo->setResult, SPI_tuptable->vals[i]);
 	return (Datum) 0;
-}
-
-/* Raise 0A000 unless the caller accepts a set in materialize mode. */
-static void
-outbox_require_set_context(FunctionCallInfo fcinfo, const char *name)
-{
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-
-	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
-		(rsinfo->allowedModes & SFRM_Materialize) == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("%s must be called in a context that accepts a set", name),
-				 errhint("Call it in FROM: SELECT * FROM %s(...).", name)));
 }
 
 /*
