@@ -1386,9 +1386,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 			return DECIDED_READ;
 		keys_new_token(DatumGetUUIDP(newvalues[4]));
 		if (!reserve_renew(newvalues))
-		{
 			return DECIDED_READ_AGAIN;	/* vanished */
-		}
 		ans->outcome = OUTCOME_CREATED;
 		ans->has_token = true;
 		ans->token = *DatumGetUUIDP(newvalues[4]);
@@ -1450,9 +1448,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 
 		keys_new_token(token);
 		if (!reserve_takeover(id, row, newvalues))
-		{
 			return DECIDED_READ_AGAIN;	/* changed under us */
-		}
 		ans->outcome = OUTCOME_CREATED;
 		ans->has_token = true;
 		ans->token = *token;

@@ -255,6 +255,48 @@ maint_count_into_stats(IdemCounter counter)
 }
 
 /*
+ * maint_run_passes
+ *		Run one saved statement ("what", for errors) once per pass: one pass
+ *		on a plain server, one per local shard group on Citus (citus.c),
+ *		starting with another each time.  Each run must return "expected".
+ *		With batch_size above 0 the statement's $1 is its limit, and the
+ *		passes share it: each gets what the earlier ones left.  Counts what
+ *		the statement returns as (tenant, scope, count) rows into the stats
+ *		counter "counter", or, with counter IDEM_STAT_NCOUNTERS, the rows it
+ *		processed.  Inside SPI; returns the total.
+ */
+static int64
+maint_run_passes(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes,
+				 Datum *values, const char *nulls, int32 batch_size,
+				 int expected, IdemCounter counter, const char *what)
+{
+	int64		total = 0;
+	int			npasses = idem_citus_passes();
+	int			first = idem_citus_first_pass(npasses);
+	int			pass;
+	int			ret;
+
+	for (pass = 0; pass < npasses; pass++)
+	{
+		if (batch_size > 0)
+		{
+			if (total >= batch_size)
+				break;
+			values[0] = Int32GetDatum(batch_size - (int32) total);
+		}
+		idem_citus_enter((first + pass) % npasses);
+		ret = SPI_execute_plan(idem_saved_plan(cache, sql, nargs, argtypes, 0),
+							   values, nulls, false, 0);
+		if (ret != expected)
+			elog(ERROR, "%s failed: %s", what, SPI_result_code_string(ret));
+		total += counter == IDEM_STAT_NCOUNTERS ? (int64) SPI_processed :
+			maint_count_into_stats(counter);
+		idem_citus_leave();
+	}
+	return total;
+}
+
+/*
  * idem_reap
  *		SQL: idem_reap(batch_size int DEFAULT 5000) RETURNS bigint
  *
@@ -270,33 +312,14 @@ idem_reap(PG_FUNCTION_ARGS)
 	int32		batch_size = maint_check_batch_size(fcinfo, "idem_reap");
 	Oid			argtypes[1] = {INT4OID};
 	Datum		values[1];
-	int			ret;
 	int64		total;
-	int			npasses;
-	int			pass;
-	int			first;
 
 	values[0] = Int32GetDatum(batch_size);
 
 	idem_spi_connect();
-	total = 0;
-	npasses = idem_citus_passes();
-	first = idem_citus_first_pass(npasses);
-	for (pass = 0; pass < npasses && total < batch_size; pass++)
-	{
-		/*
-		 * On Citus, each local shard in turn (citus.c), starting with
-		 * another each time, within one batch_size in all.
-		 */
-		values[0] = Int32GetDatum(batch_size - (int32) total);
-		idem_citus_enter((first + pass) % npasses);
-		ret = SPI_execute_plan(idem_saved_plan(&reap_plan, reap_sql, 1, argtypes, 0),
-							   values, NULL, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "reaping keys failed: %s", SPI_result_code_string(ret));
-		total += maint_count_into_stats(IDEM_STAT_REAPED);
-		idem_citus_leave();
-	}
+	total = maint_run_passes(&reap_plan, reap_sql, 1, argtypes, values, NULL,
+							 batch_size, SPI_OK_SELECT, IDEM_STAT_REAPED,
+							 "reaping keys");
 	SPI_finish();
 
 	PG_RETURN_INT64(total);
@@ -379,8 +402,6 @@ idem_sweep(PG_FUNCTION_ARGS)
 	int64		next = 0;
 	int			ret;
 	int64		total;
-	int			npasses;
-	int			pass;
 
 	if (sliced)
 	{
@@ -437,22 +458,9 @@ idem_sweep(PG_FUNCTION_ARGS)
 				 SPI_result_code_string(ret));
 	}
 	else
-	{
-		total = 0;
-		npasses = idem_citus_passes();
-		for (pass = 0; pass < npasses; pass++)
-		{
-			idem_citus_enter(pass);
-			ret = SPI_execute_plan(idem_saved_plan(&sweep_plan, sweep_sql,
-												 2, argtypes, 0),
-								   values, nulls, false, 0);
-			if (ret != SPI_OK_SELECT)
-				elog(ERROR, "sweeping keys failed: %s",
-					 SPI_result_code_string(ret));
-			total += maint_count_into_stats(IDEM_STAT_SWEPT);
-			idem_citus_leave();
-		}
-	}
+		total = maint_run_passes(&sweep_plan, sweep_sql, 2, argtypes, values,
+								 nulls, 0, SPI_OK_SELECT, IDEM_STAT_SWEPT,
+								 "sweeping keys");
 	SPI_finish();
 
 	PG_RETURN_INT64(total);
@@ -469,25 +477,12 @@ idem_sweep(PG_FUNCTION_ARGS)
 Datum
 idem_reclaim_leases(PG_FUNCTION_ARGS)
 {
-	int			ret;
 	int64		total;
-	int			npasses;
-	int			pass;
 
 	idem_spi_connect();
-	total = 0;
-	npasses = idem_citus_passes();
-	for (pass = 0; pass < npasses; pass++)
-	{
-		idem_citus_enter(pass);
-		ret = SPI_execute_plan(idem_saved_plan(&reclaim_plan, reclaim_sql, 0, NULL, 0),
-							   NULL, NULL, false, 0);
-		if (ret != SPI_OK_UPDATE)
-			elog(ERROR, "reclaiming outbox leases failed: %s",
-				 SPI_result_code_string(ret));
-		total += (int64) SPI_processed;
-		idem_citus_leave();
-	}
+	total = maint_run_passes(&reclaim_plan, reclaim_sql, 0, NULL, NULL, NULL,
+							 0, SPI_OK_UPDATE, IDEM_STAT_NCOUNTERS,
+							 "reclaiming outbox leases");
 	SPI_finish();
 
 	PG_RETURN_INT64(total);
@@ -507,31 +502,15 @@ idem_purge_outbox(PG_FUNCTION_ARGS)
 	int32		batch_size = maint_check_batch_size(fcinfo, "idem_purge_outbox");
 	Oid			argtypes[2] = {INT4OID, INTERVALOID};
 	Datum		values[2];
-	int			ret;
 	int64		total;
-	int			npasses;
-	int			pass;
-	int			first;
 
 	values[0] = Int32GetDatum(batch_size);
 	values[1] = idem_interval_datum(idem_seconds_interval(idem_outbox_retention));
 
 	idem_spi_connect();
-	total = 0;
-	npasses = idem_citus_passes();
-	first = idem_citus_first_pass(npasses);
-	for (pass = 0; pass < npasses && total < batch_size; pass++)
-	{
-		values[0] = Int32GetDatum(batch_size - (int32) total);
-		idem_citus_enter((first + pass) % npasses);
-		ret = SPI_execute_plan(idem_saved_plan(&purge_plan, purge_sql, 2, argtypes, 0),
-							   values, NULL, false, 0);
-		if (ret != SPI_OK_DELETE)
-			elog(ERROR, "purging the outbox failed: %s",
-				 SPI_result_code_string(ret));
-		total += (int64) SPI_processed;
-		idem_citus_leave();
-	}
+	total = maint_run_passes(&purge_plan, purge_sql, 2, argtypes, values, NULL,
+							 batch_size, SPI_OK_DELETE, IDEM_STAT_NCOUNTERS,
+							 "purging the outbox");
 	SPI_finish();
 
 	PG_RETURN_INT64(total);
