@@ -9,6 +9,8 @@ EXTENSION = idempotency
 MODULE_big = idempotency
 OBJS = idempotency.o fingerprint.o keys.o guard.o execute.o ratelimit.o outbox.o maintenance.o stats.o citus.o
 PGFILEDESC = "idempotency - idempotency keys and a transactional outbox"
+# SHA-256 through OpenSSL when PostgreSQL is built with it (fingerprint.c)
+SHLIB_LINK += $(filter -lcrypto, $(LIBS))
 
 # The version comes from the control file, in this one place.  The current
 # version's install script is assembled from one part per module

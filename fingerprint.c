@@ -63,6 +63,10 @@
 #include <math.h>
 #include <stdlib.h>
 
+#ifdef USE_OPENSSL
+#include <openssl/evp.h>
+#endif
+
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
 #include "common/sha2.h"
@@ -126,7 +130,11 @@ typedef struct CanonSink
 {
 	int			len;			/* bytes used in buf */
 	StringInfo	text;			/* destination when building text */
+#ifdef USE_OPENSSL
+	EVP_MD_CTX *hash;			/* destination when fingerprinting */
+#else
 	pg_cryptohash_ctx *hash;	/* destination when fingerprinting */
+#endif
 	char		buf[CANON_BUFSIZE];
 } CanonSink;
 
@@ -216,9 +224,65 @@ static void emit_container(CanonState *st, JsonbContainer *jc, int depth,
 						   const PathStep *path);
 
 /* ----------------------------------------------------------------
- * Hash wrappers: PostgreSQL's cryptohash SHA-256
+ * Hash wrappers: SHA-256
+ *
+ * With OpenSSL (as PostgreSQL is built on every common platform), the
+ * digest is fetched and one context allocated once per backend, then
+ * reset for each fingerprint: PostgreSQL's cryptohash API fetches the
+ * digest and allocates a context on every call, which costs more than
+ * hashing a typical request.  A fingerprint never nests in another, and
+ * an error in the middle of one leaves the context to be reset by the
+ * next.  Without OpenSSL, PostgreSQL's own SHA-256 through cryptohash.
  * ----------------------------------------------------------------
  */
+#ifdef USE_OPENSSL
+static EVP_MD_CTX *sha256_ctx = NULL;
+static const EVP_MD *sha256_md = NULL;
+
+static void
+hash_begin(CanonSink *sink)
+{
+	if (sha256_ctx == NULL)
+	{
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+		/* explicit fetch: EVP_sha256() would be fetched again per init */
+		const EVP_MD *md = EVP_MD_fetch(NULL, "SHA256", NULL);
+#else
+		const EVP_MD *md = EVP_sha256();
+#endif
+
+		if (md == NULL)
+			elog(ERROR, "could not fetch the SHA-256 digest");
+		sha256_ctx = EVP_MD_CTX_new();
+		if (sha256_ctx == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_OUT_OF_MEMORY),
+					 errmsg("out of memory")));
+		sha256_md = md;
+	}
+	if (EVP_DigestInit_ex(sha256_ctx, sha256_md, NULL) != 1)
+		elog(ERROR, "could not initialize SHA-256 context");
+	sink->hash = sha256_ctx;
+}
+
+static inline void
+hash_update(CanonSink *sink, const char *data, size_t len)
+{
+	if (EVP_DigestUpdate(sink->hash, data, len) != 1)
+		elog(ERROR, "could not update SHA-256 context");
+}
+
+static void
+hash_end(CanonSink *sink, uint8 *result)
+{
+	unsigned int len = 0;
+
+	if (EVP_DigestFinal_ex(sink->hash, result, &len) != 1 ||
+		len != IDEM_FINGERPRINT_LEN)
+		elog(ERROR, "could not finalize SHA-256 context");
+	sink->hash = NULL;
+}
+#else
 static void
 hash_begin(CanonSink *sink)
 {
@@ -246,6 +310,7 @@ hash_end(CanonSink *sink, uint8 *result)
 	pg_cryptohash_free(sink->hash);
 	sink->hash = NULL;
 }
+#endif
 
 /* ----------------------------------------------------------------
  * Sink primitives

@@ -680,6 +680,20 @@ GRANT EXECUTE ON FUNCTION @extschema@.outbox_ack_many(text, bigint[], uuid[], te
     @extschema@.outbox_nack_many(text, bigint[], uuid[], text, interval) TO idempotency_worker;
 
 /*
+ * The lease token each claim writes, drawn from a pool of strong random
+ * bytes (outbox.c).  Only the outbox's own functions call it.
+ */
+CREATE FUNCTION idempotency.new_lease_token()
+    RETURNS uuid
+    AS 'MODULE_PATHNAME', 'idem_new_lease_token'
+    LANGUAGE C VOLATILE;
+
+COMMENT ON FUNCTION idempotency.new_lease_token() IS
+    'a fresh random lease token (version 4 UUID) for outbox_claim';
+
+REVOKE ALL ON FUNCTION idempotency.new_lease_token() FROM PUBLIC;
+
+/*
  * outbox_enqueue takes a dedup_key and an ordering_key: new columns go at
  * the end of the table, in the order of a fresh install, and the function
  * is replaced (one signature, so an untyped call matches exactly one).

@@ -110,6 +110,13 @@ extern struct _SPI_plan *idem_saved_plan(struct _SPI_plan **cache,
 										 const char *sql, int nargs,
 										 Oid *argtypes, int cursor_options);
 
+/*
+ * A fresh random token (a version 4 UUID from the strong random source),
+ * for key locks and outbox leases.
+ */
+struct pg_uuid_t;
+extern void idem_new_token(struct pg_uuid_t *token);
+
 /* ----------------------------------------------------------------
  * keys.c: what the coverage guard (guard.c) asks
  * ----------------------------------------------------------------

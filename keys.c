@@ -1055,36 +1055,6 @@ idem_scopes_changed(PG_FUNCTION_ARGS)
  * ----------------------------------------------------------------
  */
 
-static void
-keys_new_token(pg_uuid_t *token)
-{
-	/*
-	 * Tokens come from the strong random source, drawn TOKEN_BATCH at a time:
-	 * each draw has a fixed cost (OpenSSL checks for a fork) that was a
-	 * tenth of a new reservation's.  The bytes of a draw are handed out once
-	 * and never kept past it.  The buffer is filled in the backend, never
-	 * before a fork.
-	 */
-#define TOKEN_BATCH 32
-	static uint8 pool[TOKEN_BATCH * UUID_LEN];
-	static int	pool_next = TOKEN_BATCH;
-
-	if (pool_next >= TOKEN_BATCH)
-	{
-		if (!pg_strong_random(pool, sizeof(pool)))
-			ereport(ERROR,
-					(errcode(ERRCODE_INTERNAL_ERROR),
-					 errmsg("could not generate a random lock token")));
-		pool_next = 0;
-	}
-	memcpy(token->data, pool + pool_next * UUID_LEN, UUID_LEN);
-	explicit_bzero(pool + pool_next * UUID_LEN, UUID_LEN);
-	pool_next++;
-	/* version 4, variant RFC 4122, as gen_random_uuid() */
-	token->data[6] = (token->data[6] & 0x0f) | 0x40;
-	token->data[8] = (token->data[8] & 0x3f) | 0x80;
-}
-
 /*
  * Fetch the key's row into *row (palloc'd in the current context).
  *
@@ -1384,7 +1354,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 		/* expired: the same key is a new request */
 		if (reserve_rate_limited(id, policy, now, ans))
 			return DECIDED_READ;
-		keys_new_token(DatumGetUUIDP(newvalues[4]));
+		idem_new_token(DatumGetUUIDP(newvalues[4]));
 		if (!reserve_renew(newvalues))
 			return DECIDED_READ_AGAIN;	/* vanished */
 		ans->outcome = OUTCOME_CREATED;
@@ -1446,7 +1416,7 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 	{
 		pg_uuid_t  *token = DatumGetUUIDP(newvalues[4]);
 
-		keys_new_token(token);
+		idem_new_token(token);
 		if (!reserve_takeover(id, row, newvalues))
 			return DECIDED_READ_AGAIN;	/* changed under us */
 		ans->outcome = OUTCOME_CREATED;
@@ -1527,7 +1497,7 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 		{
 			if (reserve_rate_limited(id, policy, now, ans))
 				return false;
-			keys_new_token(token);
+			idem_new_token(token);
 			reserve_insert(newvalues);
 			ans->outcome = OUTCOME_CREATED;
 			ans->has_token = true;

@@ -64,6 +64,7 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
@@ -143,7 +144,7 @@ idem_outbox_init(void)
 
 	DefineCustomIntVariable("idempotency.outbox_retention",
 							gettext_noop("How long delivered outbox rows are kept before idem_maintain purges them."),
-							NULL,
+							gettext_noop("0: outbox_ack and outbox_ack_many delete the row instead of keeping it done."),
 							&idem_outbox_retention,
 							7 * 24 * 60 * 60, 0, INT_MAX,
 							PGC_SUSET,
@@ -280,29 +281,94 @@ static const char *outbox_lock_sql_format =
 " LIMIT $1"
 "   FOR UPDATE SKIP LOCKED";
 
-static const char *outbox_lease_sql =
-"UPDATE idempotency.outbox o"
-"    SET status = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST
-"                      THEN 'dead'::idempotency.outbox_status"
-"                      ELSE 'leased'::idempotency.outbox_status END,"
-"        attempts = o.attempts + CASE WHEN o.status = 'leased' THEN 1 ELSE 0 END,"
-"        last_error = CASE WHEN o.status = 'leased'"
-"                          THEN " IDEM_OUTBOX_LOST_LEASE_ERROR
-"                          ELSE o.last_error END,"
-"        lease_token = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST
-"                           THEN NULL ELSE pg_catalog.gen_random_uuid() END,"
-"        leased_by = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST
-"                         THEN o.leased_by ELSE $1 END,"
-"        lease_until = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST
-"                           THEN NULL ELSE pg_catalog.statement_timestamp() + $2 END,"
+/*
+ * The lease: status leased, a fresh token (from "token", an expression),
+ * the worker, the end of the lease; a row whose lease expired counts the
+ * lost attempt, and is dead-lettered (left without a token) when that was
+ * its last.  $1 is the worker, $2 the lease.
+ */
+#define OUTBOX_LEASE_SET(token) \
+"    SET status = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
+"                      THEN 'dead'::idempotency.outbox_status" \
+"                      ELSE 'leased'::idempotency.outbox_status END," \
+"        attempts = o.attempts + CASE WHEN o.status = 'leased' THEN 1 ELSE 0 END," \
+"        last_error = CASE WHEN o.status = 'leased'" \
+"                          THEN " IDEM_OUTBOX_LOST_LEASE_ERROR \
+"                          ELSE o.last_error END," \
+"        lease_token = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
+"                           THEN NULL ELSE " token " END," \
+"        leased_by = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
+"                         THEN o.leased_by ELSE $1 END," \
+"        lease_until = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
+"                           THEN NULL ELSE pg_catalog.statement_timestamp() + $2 END," \
 "        available_at = pg_catalog.statement_timestamp() + $2"
-"  WHERE o.ctid = ANY ($3)"
-" RETURNING o.*";
+
+/*
+ * The token expression: idempotency.new_lease_token() (1.1) draws tokens
+ * from a pool filled 32 at a time, where gen_random_uuid() reads the
+ * random source for each (a system call per leased row); a database still
+ * at 1.0 has only the latter.  Each statement below comes in both forms,
+ * indexed by OUTBOX_V11 (whether the catalog is 1.1's).
+ */
+#define OUTBOX_TOKEN_V10 "pg_catalog.gen_random_uuid()"
+#define OUTBOX_TOKEN_V11 "idempotency.new_lease_token()"
+
+#define OUTBOX_LEASE_SQL(token) \
+"UPDATE idempotency.outbox o" \
+OUTBOX_LEASE_SET(token) \
+"  WHERE o.ctid = ANY ($3)" \
+" RETURNING o.*"
+
+static const char *const outbox_lease_sql[2] = {
+	OUTBOX_LEASE_SQL(OUTBOX_TOKEN_V10),
+	OUTBOX_LEASE_SQL(OUTBOX_TOKEN_V11)
+};
+
+/*
+ * A claim of one row (batch 1, what a worker that delivers one message at
+ * a time asks for) locks and leases in one statement.  Its LIMIT is a
+ * constant, so the plan is a nested loop over a TID scan whatever the
+ * backlog, and cheap enough never to be compiled by JIT.  $3 and $4 are
+ * the topics and the tenant, filtered as in outbox_lock_sql_format.
+ *
+ * A row that another transaction changed after this statement's snapshot
+ * was taken is locked in its new version, which the statement cannot see:
+ * it then leases nothing, and the claim falls back to the two statements,
+ * the second of which sees it.
+ */
+#define OUTBOX_CLAIM_ONE_SQL(token) \
+"UPDATE idempotency.outbox o" \
+OUTBOX_LEASE_SET(token) \
+"  FROM (SELECT c.ctid" \
+"          FROM idempotency.outbox c" \
+"         WHERE c.status IN ('pending', 'leased')" \
+"           AND c.available_at <= pg_catalog.statement_timestamp()" \
+"           %s%s%s" \
+"         ORDER BY c.available_at" \
+"         LIMIT 1" \
+"           FOR UPDATE SKIP LOCKED) l" \
+" WHERE o.ctid = l.ctid" \
+" RETURNING o.*"
+
+static const char *const outbox_claim_one_sql_format[2] = {
+	OUTBOX_CLAIM_ONE_SQL(OUTBOX_TOKEN_V10),
+	OUTBOX_CLAIM_ONE_SQL(OUTBOX_TOKEN_V11)
+};
 
 static const char *outbox_ack_sql =
 "UPDATE idempotency.outbox"
 "   SET status = 'done', done_at = pg_catalog.statement_timestamp(),"
 "       provider_ref = $4, lease_until = NULL"
+" WHERE tenant_id = $1 AND id = $2 AND status = 'leased' AND lease_token = $3";
+
+/*
+ * With idempotency.outbox_retention = 0 delivered rows are not kept: ack
+ * deletes the row under the same fence (provider_ref, $4, is then not
+ * stored).  A DELETE writes no new row version and no index entry, where
+ * marking the row done writes both.
+ */
+static const char *outbox_ack_delete_sql =
+"DELETE FROM idempotency.outbox"
 " WHERE tenant_id = $1 AND id = $2 AND status = 'leased' AND lease_token = $3";
 
 static const char *outbox_nack_sql =
@@ -359,6 +425,13 @@ static const char *outbox_ack_many_sql =
 "   AND o.status = 'leased' AND o.lease_token = r.token"
 " RETURNING o.id";
 
+static const char *outbox_ack_many_delete_sql =
+"DELETE FROM idempotency.outbox o"
+" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS r(id, token)"
+" WHERE o.tenant_id = $1 AND o.id = r.id"
+"   AND o.status = 'leased' AND o.lease_token = r.token"
+" RETURNING o.id";
+
 static const char *outbox_nack_many_sql =
 "UPDATE idempotency.outbox o"
 "   SET attempts = o.attempts + 1,"
@@ -388,18 +461,22 @@ static SPIPlanPtr enqueue_v10_plan = NULL;
 static SPIPlanPtr enqueue_dedup_plan = NULL;
 static SPIPlanPtr dedup_lookup_plan = NULL;
 static SPIPlanPtr lock_plans[8] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-static SPIPlanPtr lease_plan = NULL;
+static SPIPlanPtr lease_plans[2] = {NULL, NULL};
+static SPIPlanPtr claim_one_plans[8] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 static SPIPlanPtr ack_plan = NULL;
+static SPIPlanPtr ack_delete_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
 static SPIPlanPtr requeue_plan = NULL;
 static SPIPlanPtr status_plan = NULL;
 static SPIPlanPtr extend_plan = NULL;
 static SPIPlanPtr ack_many_plan = NULL;
+static SPIPlanPtr ack_many_delete_plan = NULL;
 static SPIPlanPtr nack_many_plan = NULL;
 
 #define CLAIM_FILTER_TOPICS 1
 #define CLAIM_FILTER_TENANT 2
 #define CLAIM_ORDERED 4			/* the table has ordering_key (1.1) */
+#define OUTBOX_V11(filters) (((filters) & CLAIM_ORDERED) ? 1 : 0)
 
 /* A row locked by outbox_claim, and its place in the result. */
 typedef struct ClaimedRow
@@ -434,19 +511,39 @@ claimed_row_cmp(const void *a, const void *b)
 
 /*
  * Whether idempotency.outbox has the 1.1 column ordering_key: a database
- * whose extension is still at 1.0 runs the claim without ordering.
+ * whose extension is still at 1.0 runs the claim without ordering.  The
+ * answer is kept until the next relcache invalidation (ALTER EXTENSION
+ * UPDATE adds the column, which sends one), so a claim does not look it up
+ * in the catalogs each time.
  */
+static int	outbox_ordering_known = -1; /* -1: look it up, else 0 or 1 */
+static bool outbox_relcache_callback_registered = false;
+
+static void
+outbox_relcache_callback(Datum arg pg_attribute_unused(),
+						 Oid relid pg_attribute_unused())
+{
+	outbox_ordering_known = -1;
+}
+
 static bool
 outbox_has_ordering_key(void)
 {
-	Oid			nsp = get_namespace_oid("idempotency", true);
+	Oid			nsp;
 	Oid			rel;
 
-	if (!OidIsValid(nsp))
-		return false;
-	rel = get_relname_relid("outbox", nsp);
-	return OidIsValid(rel) &&
-		get_attnum(rel, "ordering_key") != InvalidAttrNumber;
+	if (outbox_ordering_known >= 0)
+		return outbox_ordering_known == 1;
+	if (!outbox_relcache_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(outbox_relcache_callback, (Datum) 0);
+		outbox_relcache_callback_registered = true;
+	}
+	nsp = get_namespace_oid("idempotency", true);
+	rel = OidIsValid(nsp) ? get_relname_relid("outbox", nsp) : InvalidOid;
+	outbox_ordering_known = (OidIsValid(rel) &&
+							 get_attnum(rel, "ordering_key") != InvalidAttrNumber) ? 1 : 0;
+	return outbox_ordering_known == 1;
 }
 
 /*
@@ -517,7 +614,13 @@ outbox_explain_miss(const char *tenant, int64 id, const char *action,
 	plan = outbox_plan(&status_plan, outbox_status_sql, 2, argtypes);
 	values[0] = CStringGetTextDatum(tenant);
 	values[1] = Int64GetDatum(id);
-	rc = SPI_execute_plan(plan, values, NULL, true, 1);
+	/*
+	 * Not read-only: a fresh snapshot (under READ COMMITTED), so that a
+	 * caller that waited for a concurrent ack of the same lease sees what
+	 * that ack did (done, or the row deleted) rather than the row as its
+	 * own statement's snapshot saw it.
+	 */
+	rc = SPI_execute_plan(plan, values, NULL, false, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "outbox status lookup failed: %s",
 			 SPI_result_code_string(rc));
@@ -529,6 +632,8 @@ outbox_explain_miss(const char *tenant, int64 id, const char *action,
 				 errmsg("outbox row does not exist"),
 				 errdetail("Tenant \"%s\" has no outbox row " INT64_FORMAT ".",
 						   tenant, id),
+				 idem_outbox_retention == 0 ?
+				 errhint("With idempotency.outbox_retention = 0 an acknowledged row is deleted: treat a row that no longer exists as delivered.") :
 				 errhint("Pass the tenant and id returned by outbox_enqueue or outbox_claim.")));
 
 	status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
@@ -1121,6 +1226,65 @@ outbox_claim_args(FunctionCallInfo fcinfo, char **worker, int32 *batch,
 		*tenant = (char *) idem_effective_tenant();
 }
 
+static void outbox_claim_emit(TupleDesc source, HeapTuple *ordered, uint64 n,
+							  TupleDesc tupdesc, Tuplestorestate *tupstore);
+
+/*
+ * The filters of a claim: CLAIM_FILTER_TOPICS when "topics" (a text[]
+ * Datum, or 0 for any) is given, CLAIM_FILTER_TENANT when "tenant" is,
+ * CLAIM_ORDERED when the table has ordering_key.  Sets the statement's
+ * values and nulls for both, at "values[0]" and "values[1]".
+ */
+static int
+outbox_claim_filters(Datum topics, const char *tenant, Datum *values,
+					 char *nulls)
+{
+	int			filters = 0;
+
+	values[0] = topics;
+	nulls[0] = 'n';
+	values[1] = (Datum) 0;
+	nulls[1] = 'n';
+	if (topics != (Datum) 0)
+	{
+		filters |= CLAIM_FILTER_TOPICS;
+		nulls[0] = ' ';
+	}
+	if (tenant != NULL)
+	{
+		filters |= CLAIM_FILTER_TENANT;
+		values[1] = CStringGetTextDatum(tenant);
+		nulls[1] = ' ';
+	}
+	if (outbox_has_ordering_key())
+		filters |= CLAIM_ORDERED;
+	return filters;
+}
+
+/*
+ * Format a claim statement, "format" with three %s (topics, tenant,
+ * ordering), for "filters"; the topics are parameter $"param", the tenant
+ * $"param" + 1.  The fragments are fixed: one saved plan per combination.
+ */
+static void
+outbox_claim_sql(char *sql, size_t len, const char *format, int filters,
+				 int param)
+{
+	char		topics[64];
+	char		tenant[64];
+
+	if (filters & CLAIM_FILTER_TOPICS)
+		snprintf(topics, sizeof(topics), " AND c.topic = ANY ($%d)", param);
+	else
+		snprintf(topics, sizeof(topics), " AND $%d::text[] IS NULL", param);
+	if (filters & CLAIM_FILTER_TENANT)
+		snprintf(tenant, sizeof(tenant), " AND c.tenant_id = $%d", param + 1);
+	else
+		snprintf(tenant, sizeof(tenant), " AND $%d::text IS NULL", param + 1);
+	snprintf(sql, len, format, topics, tenant,
+			 (filters & CLAIM_ORDERED) ? outbox_ordered_filter : "");
+}
+
 /*
  * Step 1 of a claim: lock up to "batch" due rows, FOR UPDATE SKIP LOCKED,
  * restricted to "topics" (a text[] Datum, or 0 for any) and "tenant" (NULL
@@ -1133,39 +1297,19 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 	Oid			argtypes[3] = {INT4OID, TEXTARRAYOID, TEXTOID};
 	Datum		values[3];
 	char		nulls[3] = {' ', 'n', 'n'};
-	int			filters = 0;
+	int			filters;
 	int			save_nestlevel;
 	SPIPlanPtr	plan;
 	int			rc;
 
 	values[0] = Int32GetDatum(batch);
-	values[1] = topics;
-	values[2] = (Datum) 0;
-	if (topics != (Datum) 0)
-	{
-		filters |= CLAIM_FILTER_TOPICS;
-		nulls[1] = ' ';
-	}
-	if (tenant != NULL)
-	{
-		filters |= CLAIM_FILTER_TENANT;
-		values[2] = CStringGetTextDatum(tenant);
-		nulls[2] = ' ';
-	}
-	if (outbox_has_ordering_key())
-		filters |= CLAIM_ORDERED;
+	filters = outbox_claim_filters(topics, tenant, &values[1], &nulls[1]);
 	plan = lock_plans[filters];
 	if (plan == NULL || idem_citus_pass_active)
 	{
 		char		sql[2048];
 
-		/* the filters are fixed fragments: one saved plan per combination */
-		snprintf(sql, sizeof(sql), outbox_lock_sql_format,
-				 (filters & CLAIM_FILTER_TOPICS) ?
-				 " AND c.topic = ANY ($2)" : " AND $2::text[] IS NULL",
-				 (filters & CLAIM_FILTER_TENANT) ?
-				 " AND c.tenant_id = $3" : " AND $3::text IS NULL",
-				 (filters & CLAIM_ORDERED) ? outbox_ordered_filter : "");
+		outbox_claim_sql(sql, sizeof(sql), outbox_lock_sql_format, filters, 2);
 		plan = outbox_plan(&lock_plans[filters], sql, 3, argtypes);
 	}
 
@@ -1183,6 +1327,55 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 	AtEOXact_GUC(true, save_nestlevel);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "outbox claim failed: %s", SPI_result_code_string(rc));
+	return SPI_processed;
+}
+
+/*
+ * A claim of one row in one statement (outbox_claim_one_sql_format): lease
+ * the oldest due row to "worker" for "lease" and put it into "tupstore" as
+ * a row of "tupdesc", unless the lease dead-lettered it.  Inside SPI;
+ * returns how many rows the statement leased or dead-lettered (0 or 1).
+ */
+static uint64
+outbox_claim_one(const char *worker, Interval *lease, Datum topics,
+				 const char *tenant, TupleDesc tupdesc,
+				 Tuplestorestate *tupstore)
+{
+	Oid			argtypes[4] = {TEXTOID, INTERVALOID, TEXTARRAYOID, TEXTOID};
+	Datum		values[4];
+	char		nulls[4] = {' ', ' ', 'n', 'n'};
+	int			filters;
+	SPIPlanPtr	plan;
+	HeapTuple	row = NULL;
+	int			rc;
+
+	values[0] = CStringGetTextDatum(worker);
+	values[1] = IntervalPGetDatum(lease);
+	filters = outbox_claim_filters(topics, tenant, &values[2], &nulls[2]);
+	plan = claim_one_plans[filters];
+	if (plan == NULL || idem_citus_pass_active)
+	{
+		char		sql[4096];
+
+		outbox_claim_sql(sql, sizeof(sql),
+						 outbox_claim_one_sql_format[OUTBOX_V11(filters)],
+						 filters, 3);
+		plan = outbox_plan(&claim_one_plans[filters], sql, 4, argtypes);
+	}
+	rc = SPI_execute_plan(plan, values, nulls, false, 1);
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox claim failed: %s", SPI_result_code_string(rc));
+	if (SPI_processed > 0)
+	{
+		bool		isnull;
+
+		(void) SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+							 outbox_column(SPI_tuptable->tupdesc, "lease_token"),
+							 &isnull);
+		if (!isnull)			/* else dead-lettered by this claim */
+			row = SPI_tuptable->vals[0];
+		outbox_claim_emit(SPI_tuptable->tupdesc, &row, 1, tupdesc, tupstore);
+	}
 	return SPI_processed;
 }
 
@@ -1285,6 +1478,7 @@ outbox_claim_lease(SPITupleTable *locked, uint64 nlocked, const char *worker,
 	SPIPlanPtr	plan;
 	SPITupleTable *leased;
 	HeapTuple  *ordered;
+	int			v11;
 	int			rc;
 	uint64		i;
 
@@ -1305,7 +1499,8 @@ outbox_claim_lease(SPITupleTable *locked, uint64 nlocked, const char *worker,
 	values[2] = PointerGetDatum(construct_array(tids, (int) nlocked, TIDOID,
 												sizeof(ItemPointerData), false,
 												TYPALIGN_SHORT));
-	plan = outbox_plan(&lease_plan, outbox_lease_sql, 3, argtypes);
+	v11 = outbox_has_ordering_key() ? 1 : 0;
+	plan = outbox_plan(&lease_plans[v11], outbox_lease_sql[v11], 3, argtypes);
 	rc = SPI_execute_plan(plan, values, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox lease failed: %s", SPI_result_code_string(rc));
@@ -1373,13 +1568,20 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 		 * On Citus, the local shards one after the other, until the batch
 		 * is full: SKIP LOCKED works within a shard (citus.c).
 		 */
+		Datum		topics = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
+
 		idem_citus_enter((first + pass) % npasses);
-		nlocked = outbox_claim_lock(batch,
-									PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3),
-									tenant);
-		if (nlocked > 0)
-			outbox_claim_lease(SPI_tuptable, nlocked, worker, lease, tupdesc,
-							   tupstore);
+		nlocked = 0;
+		if (batch == 1)
+			nlocked = outbox_claim_one(worker, lease, topics, tenant, tupdesc,
+									   tupstore);
+		if (nlocked == 0)
+		{
+			nlocked = outbox_claim_lock(batch, topics, tenant);
+			if (nlocked > 0)
+				outbox_claim_lease(SPI_tuptable, nlocked, worker, lease,
+								   tupdesc, tupstore);
+		}
 		idem_citus_leave();
 		batch -= (int32) nlocked;
 	}
@@ -1390,11 +1592,13 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 /*
  * outbox_ack(tenant text, id bigint, lease_token uuid, provider_ref text)
  *
- * Marks a row delivered: status done, done_at, provider_ref.  Only the
+ * Marks a row delivered: status done, done_at, provider_ref; with
+ * idempotency.outbox_retention = 0 it deletes the row instead.  Only the
  * current lease holder may do so; the lease may have expired as long as
  * no one claimed the row since (the token would have changed).  Takes the
  * row lock.  Errors, nothing written: P0002 unknown row (or another
- * tenant's), 55000 already done or dead, 55006 stale lease token.
+ * tenant's, or one already deleted by ack), 55000 already done or dead,
+ * 55006 stale lease token.
  */
 Datum
 idem_outbox_ack(PG_FUNCTION_ARGS)
@@ -1419,9 +1623,13 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
 
 	idem_spi_connect();
-	plan = outbox_plan(&ack_plan, outbox_ack_sql, 4, argtypes);
+	if (idem_outbox_retention == 0)
+		plan = outbox_plan(&ack_delete_plan, outbox_ack_delete_sql, 4,
+						   argtypes);
+	else
+		plan = outbox_plan(&ack_plan, outbox_ack_sql, 4, argtypes);
 	rc = SPI_execute_plan(plan, values, nulls, false, 0);
-	if (rc != SPI_OK_UPDATE)
+	if (rc != SPI_OK_UPDATE && rc != SPI_OK_DELETE)
 		elog(ERROR, "outbox ack failed: %s", SPI_result_code_string(rc));
 	if (SPI_processed == 0)
 		outbox_explain_miss(tenant, id, "outbox_ack", false);
@@ -1663,7 +1871,8 @@ outbox_return_spi_rows(FunctionCallInfo fcinfo)
  *
  * outbox_ack for many rows of one tenant in one statement: ids[i] is
  * acknowledged with lease_tokens[i] and provider_refs[i] (NULL array: no
- * provider_ref).  Returns the ids acknowledged, in no particular order; a
+ * provider_ref; with idempotency.outbox_retention = 0 the rows are
+ * deleted).  Returns the ids acknowledged, in no particular order; a
  * row whose fence fails (stale token, done, dead, unknown, another
  * tenant's) is left unchanged and out of the result.  Errors, nothing
  * written: 22004 NULL tenant, ids or lease_tokens or a NULL element, 22023
@@ -1702,9 +1911,13 @@ idem_outbox_ack_many(PG_FUNCTION_ARGS)
 	values[0] = CStringGetTextDatum(tenant);
 
 	idem_spi_connect();
-	plan = outbox_plan(&ack_many_plan, outbox_ack_many_sql, 4, argtypes);
+	if (idem_outbox_retention == 0)
+		plan = outbox_plan(&ack_many_delete_plan, outbox_ack_many_delete_sql,
+						   4, argtypes);
+	else
+		plan = outbox_plan(&ack_many_plan, outbox_ack_many_sql, 4, argtypes);
 	rc = SPI_execute_plan(plan, values, nulls, false, 0);
-	if (rc != SPI_OK_UPDATE_RETURNING)
+	if (rc != SPI_OK_UPDATE_RETURNING && rc != SPI_OK_DELETE_RETURNING)
 		elog(ERROR, "outbox ack failed: %s", SPI_result_code_string(rc));
 	outbox_return_spi_rows(fcinfo);
 	SPI_finish();

@@ -186,6 +186,20 @@ GRANT EXECUTE ON FUNCTION outbox_ack_many(text, bigint[], uuid[], text[]),
 GRANT SELECT ON idempotency.dead_letters TO idempotency_admin;
 
 /*
+ * The lease token each claim writes, drawn from a pool of strong random
+ * bytes (outbox.c).  Only the outbox's own functions call it.
+ */
+CREATE FUNCTION idempotency.new_lease_token()
+    RETURNS uuid
+    AS 'MODULE_PATHNAME', 'idem_new_lease_token'
+    LANGUAGE C VOLATILE;
+
+COMMENT ON FUNCTION idempotency.new_lease_token() IS
+    'a fresh random lease token (version 4 UUID) for outbox_claim';
+
+REVOKE ALL ON FUNCTION idempotency.new_lease_token() FROM PUBLIC;
+
+/*
  * Undelivered intents are data, not configuration: pg_dump must keep them,
  * and the id sequence with them, or a restored database would lose pending
  * side effects and hand out ids again.

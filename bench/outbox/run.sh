@@ -60,7 +60,7 @@ tps() {
         loop_*one*) mode=simple extra=(-D "rounds=$ROUNDS_ONE") ;;
         loop_*batch*) mode=simple extra=(-D "rounds=$ROUNDS_BATCH") ;;
     esac
-    out=$(pgbench -n -M "$mode" "${extra[@]}" -T "$SECS" -c "$clients" -j "$clients" -f "$script" "$DB" 2>&1)
+    out=$(PGOPTIONS="${SIDE_OPTIONS:-}" pgbench -n -M "$mode" "${extra[@]}" -T "$SECS" -c "$clients" -j "$clients" -f "$script" "$DB" 2>&1)
     if echo "$out" | grep -q 'aborted'; then
         echo "outbox: $script with $clients clients aborted:" >&2
         echo "$out" | grep -i error | head -3 >&2
@@ -128,6 +128,16 @@ measure() {
         side=${sides[$i]}
         table=${side%%:*}
         script=${side#*:}
+        # "<kind>+del": the same run with idempotency.outbox_retention = 0
+        # (outbox_ack deletes the row) or, for the plain queue, the script's
+        # deleting form
+        SIDE_OPTIONS=
+        case $table in
+            *+del)
+                table=${table%+del}
+                SIDE_OPTIONS="-c idempotency.outbox_retention=0"
+                ;;
+        esac
         case $table in
             enqueue) prep_enqueue on ;;
             enqueue-no-notify) prep_enqueue off ;;
@@ -153,6 +163,7 @@ measure() {
             mean[i] = (first + second) / 2
             if (nm[i] ~ /^enqueue-no-notify:/) nm[i] = nm[i] " (notify off)"
             if (nm[i] ~ /^ordered/) nm[i] = nm[i] " (1,000 keys)"
+            if (nm[i] ~ /^[^:]*\+del:/) nm[i] = nm[i] " (retention 0)"
             sub(/^[^:]*:/, "", nm[i]); sub(/\.sql/, "", nm[i])
             printf "    %-36s %9.1f %s  (runs %.1f, %.1f)", nm[i], mean[i], unit, first, second
             if (i > 1) printf "   extension / this = %.2fx", mean[1] / mean[i]
@@ -196,6 +207,11 @@ for w in 1 2 4; do
         idempotency.outbox:claim_ack_extension.sql \
         plain_outbox:claim_ack_plain.sql \
         plain_outbox:claim_ack_plain_onestmt.sql
+    # delivered rows not kept: ack deletes, against the same baseline
+    GOAL=$goal measure "claim + ack, $w worker(s), idempotency.outbox_retention = 0" "$w" \
+        idempotency.outbox+del:claim_ack_extension.sql \
+        plain_outbox:claim_ack_plain_onestmt_delete.sql \
+        plain_outbox:claim_ack_plain_onestmt.sql
 done
 fi
 if [ "$ONLY" = all ] || [ "$ONLY" = features ]; then
@@ -226,6 +242,10 @@ if [ "$ONLY" = all ] || [ "$ONLY" = pgmq ] || [ "$ONLY" = claim ]; then
         PER=$ROUNDS_ONE GOAL=">= 1.00x" measure "one message per round, $w worker(s): claim + ack / the one-statement queue" "$w" \
             outbox-one:loop_outbox_one.sql \
             plain-one:loop_plain_one.sql
+        PER=$ROUNDS_ONE GOAL=">= 1.00x" measure "one message per round, $w worker(s), retention 0: claim + ack / the one-statement queue" "$w" \
+            outbox-one+del:loop_outbox_one.sql \
+            plain-one:loop_plain_one_delete.sql \
+            plain-one:loop_plain_one.sql
     done
     for w in 1 4; do
         PER=$ROUNDS_ONE GOAL=">= 0.90x" measure "one message per round, $w worker(s): 1,000 ordering keys / none" "$w" \
@@ -239,8 +259,12 @@ if [ "$ONLY" = all ] || [ "$ONLY" = pgmq ] || [ "$ONLY" = claim ]; then
                 outbox-one:loop_outbox_one.sql \
                 pgmq-one:loop_pgmq_one.sql
         done
+        # pgmq deletes a message on delete: the like-for-like outbox run
+        # deletes on ack (retention 0); the default, which keeps the row
+        # done, is shown beside it
         for w in 1 2; do
-            PER=$((ROUNDS_BATCH * 100)) GOAL=">= 1.00x" measure "batch of 100, $w worker(s): claim + ack_many / pgmq read + delete(ids[])" "$w" \
+            PER=$((ROUNDS_BATCH * 100)) GOAL=">= 1.00x" measure "batch of 100, $w worker(s): claim + ack_many (retention 0) / pgmq read + delete(ids[])" "$w" \
+                outbox-batch+del:loop_outbox_batch.sql \
                 outbox-batch:loop_outbox_batch.sql \
                 pgmq-batch:loop_pgmq_batch.sql
         done

@@ -65,6 +65,34 @@ BEGIN
     END LOOP;
 END $$;
 
+-- the one-statement queue that keeps no history: delete on ack
+CREATE PROCEDURE bench_plain_one_delete(rounds int) LANGUAGE plpgsql AS $$
+DECLARE
+    t text;
+    m bigint;
+    tok uuid;
+BEGIN
+    FOR i IN 1 .. rounds LOOP
+        UPDATE plain_outbox o
+           SET status = 'leased', lease_token = gen_random_uuid(), leased_by = 'bench',
+               lease_until = now() + interval '30 seconds',
+               available_at = now() + interval '30 seconds'
+          FROM (SELECT ctid FROM plain_outbox
+                 WHERE status IN ('pending', 'leased') AND available_at <= now()
+                 ORDER BY available_at LIMIT 1
+                   FOR UPDATE SKIP LOCKED) c
+         WHERE o.ctid = c.ctid
+        RETURNING o.tenant_id, o.id, o.lease_token INTO t, m, tok;
+        IF m IS NULL THEN
+            RAISE EXCEPTION 'plain queue ran dry';
+        END IF;
+        COMMIT;
+        DELETE FROM plain_outbox
+         WHERE tenant_id = t AND id = m AND status = 'leased' AND lease_token = tok;
+        COMMIT;
+    END LOOP;
+END $$;
+
 -- the same on the outbox: claim 100 of one tenant, then one outbox_ack_many
 CREATE PROCEDURE bench_outbox_batch(rounds int) LANGUAGE plpgsql AS $$
 DECLARE

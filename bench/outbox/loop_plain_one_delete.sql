@@ -1,0 +1,1 @@
+CALL bench_plain_one_delete(:rounds);
