@@ -69,6 +69,7 @@
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
@@ -308,7 +309,7 @@ static const char *outbox_lock_sql_format =
  * from a pool filled 32 at a time, where gen_random_uuid() reads the
  * random source for each (a system call per leased row); a database still
  * at 1.0 has only the latter.  Each statement below comes in both forms,
- * indexed by OUTBOX_V11 (whether the catalog is 1.1's).
+ * indexed by OUTBOX_V11 (whether the catalog has new_lease_token()).
  */
 #define OUTBOX_TOKEN_V10 "pg_catalog.gen_random_uuid()"
 #define OUTBOX_TOKEN_V11 "idempotency.new_lease_token()"
@@ -462,7 +463,7 @@ static SPIPlanPtr enqueue_dedup_plan = NULL;
 static SPIPlanPtr dedup_lookup_plan = NULL;
 static SPIPlanPtr lock_plans[8] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 static SPIPlanPtr lease_plans[2] = {NULL, NULL};
-static SPIPlanPtr claim_one_plans[8] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+static SPIPlanPtr claim_one_plans[16];
 static SPIPlanPtr ack_plan = NULL;
 static SPIPlanPtr ack_delete_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
@@ -476,7 +477,8 @@ static SPIPlanPtr nack_many_plan = NULL;
 #define CLAIM_FILTER_TOPICS 1
 #define CLAIM_FILTER_TENANT 2
 #define CLAIM_ORDERED 4			/* the table has ordering_key (1.1) */
-#define OUTBOX_V11(filters) (((filters) & CLAIM_ORDERED) ? 1 : 0)
+#define CLAIM_TOKEN_FN 8			/* idempotency.new_lease_token() exists */
+#define OUTBOX_V11(filters) (((filters) & CLAIM_TOKEN_FN) ? 1 : 0)
 
 /* A row locked by outbox_claim, and its place in the result. */
 typedef struct ClaimedRow
@@ -510,40 +512,73 @@ claimed_row_cmp(const void *a, const void *b)
 	idem_saved_plan((cache), (sql), (nargs), (argtypes), CURSOR_OPT_GENERIC_PLAN)
 
 /*
- * Whether idempotency.outbox has the 1.1 column ordering_key: a database
- * whose extension is still at 1.0 runs the claim without ordering.  The
- * answer is kept until the next relcache invalidation (ALTER EXTENSION
- * UPDATE adds the column, which sends one), so a claim does not look it up
- * in the catalogs each time.
+ * What the database's catalog has of 1.1 (a database whose extension is
+ * still at 1.0 runs on this library until it is updated):
+ * OUTBOX_HAS_ORDERING when idempotency.outbox has the column ordering_key
+ * (without it the claim runs without ordering), OUTBOX_HAS_TOKEN_FN when
+ * idempotency.new_lease_token() exists (without it leases draw their
+ * tokens from gen_random_uuid()).  Kept until the next invalidation of a
+ * relation or a function (ALTER EXTENSION UPDATE sends both), so that a
+ * claim does not look them up in the catalogs each time.
  */
-static int	outbox_ordering_known = -1; /* -1: look it up, else 0 or 1 */
-static bool outbox_relcache_callback_registered = false;
+#define OUTBOX_HAS_ORDERING 1
+#define OUTBOX_HAS_TOKEN_FN 2
+
+static int	outbox_catalog_known = -1;	/* -1: look it up */
+static bool outbox_callbacks_installed = false;
 
 static void
 outbox_relcache_callback(Datum arg pg_attribute_unused(),
 						 Oid relid pg_attribute_unused())
 {
-	outbox_ordering_known = -1;
+	outbox_catalog_known = -1;
+}
+
+static void
+outbox_syscache_callback(Datum arg pg_attribute_unused(),
+						 int cacheid pg_attribute_unused(),
+						 uint32 hashvalue pg_attribute_unused())
+{
+	outbox_catalog_known = -1;
+}
+
+static int
+outbox_catalog(void)
+{
+	Oid			nsp;
+	Oid			rel;
+	int			flags = 0;
+
+	if (outbox_catalog_known >= 0)
+		return outbox_catalog_known;
+	if (!outbox_callbacks_installed)
+	{
+		CacheRegisterRelcacheCallback(outbox_relcache_callback, (Datum) 0);
+		CacheRegisterSyscacheCallback(PROCOID, outbox_syscache_callback,
+									  (Datum) 0);
+		outbox_callbacks_installed = true;
+	}
+	nsp = get_namespace_oid("idempotency", true);
+	if (OidIsValid(nsp))
+	{
+		rel = get_relname_relid("outbox", nsp);
+		if (OidIsValid(rel) &&
+			get_attnum(rel, "ordering_key") != InvalidAttrNumber)
+			flags |= OUTBOX_HAS_ORDERING;
+		if (SearchSysCacheExists3(PROCNAMEARGSNSP,
+								  CStringGetDatum("new_lease_token"),
+								  PointerGetDatum(buildoidvector(NULL, 0)),
+								  ObjectIdGetDatum(nsp)))
+			flags |= OUTBOX_HAS_TOKEN_FN;
+	}
+	outbox_catalog_known = flags;
+	return flags;
 }
 
 static bool
 outbox_has_ordering_key(void)
 {
-	Oid			nsp;
-	Oid			rel;
-
-	if (outbox_ordering_known >= 0)
-		return outbox_ordering_known == 1;
-	if (!outbox_relcache_callback_registered)
-	{
-		CacheRegisterRelcacheCallback(outbox_relcache_callback, (Datum) 0);
-		outbox_relcache_callback_registered = true;
-	}
-	nsp = get_namespace_oid("idempotency", true);
-	rel = OidIsValid(nsp) ? get_relname_relid("outbox", nsp) : InvalidOid;
-	outbox_ordering_known = (OidIsValid(rel) &&
-							 get_attnum(rel, "ordering_key") != InvalidAttrNumber) ? 1 : 0;
-	return outbox_ordering_known == 1;
+	return (outbox_catalog() & OUTBOX_HAS_ORDERING) != 0;
 }
 
 /*
@@ -1352,6 +1387,8 @@ outbox_claim_one(const char *worker, Interval *lease, Datum topics,
 	values[0] = CStringGetTextDatum(worker);
 	values[1] = IntervalPGetDatum(lease);
 	filters = outbox_claim_filters(topics, tenant, &values[2], &nulls[2]);
+	if (outbox_catalog() & OUTBOX_HAS_TOKEN_FN)
+		filters |= CLAIM_TOKEN_FN;
 	plan = claim_one_plans[filters];
 	if (plan == NULL || idem_citus_pass_active)
 	{
@@ -1499,7 +1536,7 @@ outbox_claim_lease(SPITupleTable *locked, uint64 nlocked, const char *worker,
 	values[2] = PointerGetDatum(construct_array(tids, (int) nlocked, TIDOID,
 												sizeof(ItemPointerData), false,
 												TYPALIGN_SHORT));
-	v11 = outbox_has_ordering_key() ? 1 : 0;
+	v11 = (outbox_catalog() & OUTBOX_HAS_TOKEN_FN) ? 1 : 0;
 	plan = outbox_plan(&lease_plans[v11], outbox_lease_sql[v11], 3, argtypes);
 	rc = SPI_execute_plan(plan, values, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)

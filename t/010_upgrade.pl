@@ -44,6 +44,22 @@ is($node->safe_psql('old',
 		"SELECT created || ' ' || completed FROM idempotency.stats WHERE tenant = 'acme'"),
 	'2 1', 'the 1.0 stats view works with the new library');
 
+# the 1.1 library claims from 1.0's outbox (no ordering_key column, no
+# new_lease_token()) in both forms of a claim, and acks; the rows are
+# queued again for the checks after the update
+is($node->safe_psql('old', q{
+SELECT count(*) || ' ' || count(DISTINCT c.lease_token) || ' '
+       || bool_and(c.lease_token::text ~ '^[0-9a-f]{8}-[0-9a-f]{4}-4')
+  FROM (SELECT * FROM outbox_claim('w0', 1)
+        UNION ALL
+        SELECT * FROM outbox_claim('w0', 5)) c}),
+	'2 2 true', 'the 1.0 outbox is claimed by the new library, one row and a batch');
+is($node->safe_psql('old', q{
+SELECT count(outbox_nack(tenant_id, id, lease_token, 'redeliver', '0 seconds'))
+  FROM idempotency.outbox WHERE status = 'leased'}),
+	'2', 'and its leases are fenced by their tokens');
+$node->safe_psql('old', q{UPDATE idempotency.outbox SET attempts = 0});
+
 $node->safe_psql('old', 'ALTER EXTENSION idempotency UPDATE');
 is($node->safe_psql('old',
 		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
