@@ -1339,7 +1339,8 @@ typedef enum ReserveDecision
 
 /*
  * Decide the answer for a key whose row exists, into *ans (unless the row
- * must be read again).
+ * must be read again).  "newvalues" is the row a write would store; a
+ * finished row that has not expired is only read, and may pass NULL.
  */
 static ReserveDecision
 reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
@@ -1435,6 +1436,29 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 	ans->has_recovery_point = row->has_recovery_point;
 	ans->recovery_point = row->recovery_point;
 	return DECIDED_WROTE;
+}
+
+/*
+ * Answer from the key's row, without the key's lock, if the key is finished
+ * and has not expired: nothing writes such a row (a renewal needs it
+ * expired, a takeover needs it processing), so its answer, a replay or a
+ * mismatch, is the one the lock's holder would get.  Returns false, with
+ * *ans untouched, for any other row or none.
+ */
+static bool
+reserve_answer_finished(KeyIdent *id, const uint8 *fingerprint,
+						Interval *lock_timeout, const ScopePolicy *policy,
+						TimestampTz now, ReserveAnswer *ans)
+{
+	KeyRow		row;
+
+	if (!keys_fetch(id, false, &row) ||
+		row.status == status_oids[STATUS_PROCESSING] || row.expires_at <= now)
+		return false;
+	if (reserve_decide(id, &row, fingerprint, NULL, lock_timeout, policy, now,
+					   ans) != DECIDED_READ)
+		elog(ERROR, "a finished key's row was not answered by reading it");
+	return true;
 }
 
 /*
@@ -1712,7 +1736,14 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 		memset(&ans, 0, sizeof(ans));
 		if (!reserve_claim_lock(&tag, deadline))
 		{
-			/* the holder's transaction is still open */
+			/*
+			 * The lock is busy.  A finished key is answered from its row all
+			 * the same (the holder may be another retry being answered);
+			 * otherwise the holder's transaction is still open.
+			 */
+			if (reserve_answer_finished(&id, fingerprint, &lock_timeout,
+										&policy, now, &ans))
+				break;
 			ans.outcome = OUTCOME_IN_PROGRESS;
 			ans.http_status = 409;
 			ans.retry_after = 1;
