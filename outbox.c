@@ -728,6 +728,24 @@ outbox_map_columns(TupleDesc result, TupleDesc returned)
 	int		   *map = palloc0(sizeof(int) * result->natts);
 	int			a;
 
+	/* the usual case: no column was ever dropped, the positions agree */
+	if (result->natts == returned->natts)
+	{
+		for (a = 0; a < result->natts; a++)
+		{
+			Form_pg_attribute ra = TupleDescAttr(result, a);
+			Form_pg_attribute ta = TupleDescAttr(returned, a);
+
+			if (ra->attisdropped || ta->attisdropped ||
+				ra->atttypid != ta->atttypid ||
+				strcmp(NameStr(ra->attname), NameStr(ta->attname)) != 0)
+				break;
+			map[a] = a + 1;
+		}
+		if (a == result->natts)
+			return map;
+	}
+
 	for (a = 0; a < result->natts; a++)
 	{
 		Form_pg_attribute attr = TupleDescAttr(result, a);
