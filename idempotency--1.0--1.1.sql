@@ -233,7 +233,19 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE VIEW idempotency.health AS
+/*
+ * Tenants, scopes and keys are compared byte for byte (collation "C"), as
+ * in a fresh install: the primary key is rebuilt, under an exclusive lock
+ * for as long as that takes.  The health view reads the columns, so it is
+ * dropped and created again, with its comment and privileges.
+ */
+DROP VIEW idempotency.health;
+ALTER TABLE idempotency.keys
+    ALTER COLUMN tenant_id TYPE pg_catalog.text COLLATE pg_catalog."C",
+    ALTER COLUMN scope TYPE pg_catalog.text COLLATE pg_catalog."C",
+    ALTER COLUMN idem_key TYPE pg_catalog.text COLLATE pg_catalog."C";
+
+CREATE VIEW idempotency.health AS
 SELECT k.processing,
        k.oldest_processing_age,
        k.stale_processing,
@@ -279,6 +291,10 @@ SELECT k.processing,
                pg_catalog.count(*) FILTER (WHERE o.status OPERATOR(pg_catalog.=) 'dead')
                    AS outbox_dead
           FROM idempotency.outbox o) o;
+COMMENT ON VIEW idempotency.health IS
+    'stuck reservations, reconciliation backlog, reap backlog and outbox depth';
+REVOKE ALL ON idempotency.health FROM PUBLIC;
+GRANT SELECT ON idempotency.health TO pg_monitor, idempotency_admin;
 
 CREATE OR REPLACE VIEW idempotency.dead_letters AS
     SELECT tenant_id, id, topic, idem_scope, idem_key, attempts, max_attempts,

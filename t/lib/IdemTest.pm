@@ -86,11 +86,12 @@ lines AS (
                 r.relkind, r.reloptions, r.relacl, obj_description(r.oid, 'pg_class'))
     FROM rels r
   UNION ALL
-  SELECT format('column %s.%s #%s %s notnull=%s default=%s identity=%s',
+  SELECT format('column %s.%s #%s %s collation=%s notnull=%s default=%s identity=%s',
                 r.relname, a.attname,
                 row_number() OVER (PARTITION BY r.oid ORDER BY a.attnum),
-                format_type(a.atttypid, a.atttypmod), a.attnotnull,
-                pg_get_expr(ad.adbin, ad.adrelid), a.attidentity)
+                format_type(a.atttypid, a.atttypmod),
+                CASE WHEN a.attcollation <> 0 THEN a.attcollation::regcollation::text END,
+                a.attnotnull, pg_get_expr(ad.adbin, ad.adrelid), a.attidentity)
     FROM rels r JOIN pg_attribute a ON a.attrelid = r.oid
     LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
    WHERE a.attnum > 0 AND NOT a.attisdropped
