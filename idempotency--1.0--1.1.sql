@@ -296,11 +296,22 @@ COMMENT ON VIEW idempotency.health IS
 REVOKE ALL ON idempotency.health FROM PUBLIC;
 GRANT SELECT ON idempotency.health TO pg_monitor, idempotency_admin;
 
-CREATE OR REPLACE VIEW idempotency.dead_letters AS
+/*
+ * The outbox's tenant is compared byte for byte too, as Citus needs to
+ * colocate outbox and keys: its indexes are rebuilt, and the dead letters
+ * view, which reads the column, is created again with its privileges.
+ */
+DROP VIEW idempotency.dead_letters;
+ALTER TABLE idempotency.outbox
+    ALTER COLUMN tenant_id TYPE pg_catalog.text COLLATE pg_catalog."C";
+
+CREATE VIEW idempotency.dead_letters AS
     SELECT tenant_id, id, topic, idem_scope, idem_key, attempts, max_attempts,
            last_error, leased_by AS last_worker, created_at, payload, headers
       FROM idempotency.outbox
      WHERE status OPERATOR(pg_catalog.=) 'dead';
+REVOKE ALL ON idempotency.dead_letters FROM PUBLIC;
+GRANT SELECT ON idempotency.dead_letters TO idempotency_admin;
 
 /*
  * Retryable failures: idem_complete(..., retryable => true) releases the

@@ -6,9 +6,11 @@ CREATE TYPE idempotency.outbox_status AS ENUM ('pending', 'leased', 'done', 'dea
 /*
  * Transactional outbox: intents written in the same transaction as the
  * key and the business rows, delivered by workers outside the database.
+ * The tenant is compared byte for byte, as in idempotency.keys (and Citus
+ * colocates the two tables only when their tenant columns agree).
  */
 CREATE TABLE idempotency.outbox (
-    tenant_id    text NOT NULL,
+    tenant_id    text COLLATE pg_catalog."C" NOT NULL,
     id           bigint GENERATED ALWAYS AS IDENTITY,
     topic        text NOT NULL,
     payload      jsonb NOT NULL,

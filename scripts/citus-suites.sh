@@ -65,7 +65,7 @@ idempotency.tenant_bindings n false" ] || fail "distribution: $got"
     # an application table colocated with the keys, and a request handler
     q "$PC" >/dev/null <<'SQL' || fail "application table and handler"
 CREATE TABLE charges (
-    tenant_id text NOT NULL,
+    tenant_id text COLLATE "C" NOT NULL,
     idem_key  text NOT NULL,
     amount    int NOT NULL,
     node      int NOT NULL DEFAULT pg_catalog.inet_server_port()
@@ -422,7 +422,7 @@ dynamic_library_path = '$lib:\$libdir'
 EOF2
     start_node "$PPLAIN" || return
     q "$PPLAIN" -c "CREATE EXTENSION idempotency" \
-        -c "CREATE TABLE charges (tenant_id text NOT NULL, idem_key text NOT NULL, amount int NOT NULL, node int)" \
+        -c "CREATE TABLE charges (tenant_id text COLLATE \"C\" NOT NULL, idem_key text NOT NULL, amount int NOT NULL, node int)" \
         -c "$setup" >/dev/null || return
     echo "bench: plain server, $clients clients, $secs s:"
     pgbench -n -p "$PPLAIN" -c "$clients" -j 2 -T "$secs" -f "$base/bench.sql" 2>&1 |
