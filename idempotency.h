@@ -147,9 +147,10 @@ typedef enum IdemQuota
 
 extern IdemQuota idem_quota_admit(const char *tenant, const char *scope,
 								  int64 max_live, int *retry_after_s);
+extern uint64 idem_quota_mark(const char *tenant, const char *scope);
 extern bool idem_quota_recounted(const char *tenant, const char *scope,
 								 int64 max_live, int64 live,
-								 TimestampTz earliest_expiry,
+								 TimestampTz earliest_expiry, uint64 mark,
 								 int *retry_after_s);
 
 /* ----------------------------------------------------------------

@@ -1290,6 +1290,7 @@ reserve_quota_admit(KeyIdent *id, const ScopePolicy *policy, TimestampTz now,
 {
 	TimestampTz earliest_expiry;
 	int64		live;
+	uint64		mark;
 
 	switch (idem_quota_admit(id->tenant, id->scope, policy->max_live_keys,
 							 retry_after))
@@ -1301,9 +1302,11 @@ reserve_quota_admit(KeyIdent *id, const ScopePolicy *policy, TimestampTz now,
 		case IDEM_QUOTA_RECOUNT:
 			break;
 	}
+	/* as late as possible: a key that commits before the count is in both */
+	mark = idem_quota_mark(id->tenant, id->scope);
 	live = keys_count_live(id, now, &earliest_expiry);
 	return idem_quota_recounted(id->tenant, id->scope, policy->max_live_keys,
-								live, earliest_expiry, retry_after);
+								live, earliest_expiry, mark, retry_after);
 }
 
 /*

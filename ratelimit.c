@@ -25,9 +25,11 @@
  * add.  At the quota the caller counts again (a query over the pair's keys,
  * which sees the keys that expired or were released since), at most once a
  * second per pair; between counts the answer is rate_limited, with
- * retry_after until the earliest of the pair's keys expires.  So a tenant
- * can go over its quota only by the keys being created at the very moment
- * of a count, and a sprayer at its quota costs one count a second.
+ * retry_after until the earliest of the pair's keys expires.  The keys
+ * admitted while a count runs are added to it (its snapshot cannot see
+ * them), so a tenant can go over its quota only by the keys in flight when
+ * a count starts (one per other connection), however slow the count, and
+ * a sprayer at its quota costs one count a second.
  *
  * The state is soft: it is lost at a restart.  It needs the library in
  * shared_preload_libraries; a scope that sets a rate without it is an
@@ -72,6 +74,7 @@ typedef struct RateEntry
 	pg_atomic_uint64 live;		/* live keys: last count + admitted since */
 	pg_atomic_uint64 recount_at;	/* no count before, microseconds */
 	pg_atomic_uint64 expiry;	/* earliest expiry at the last count, or 0 */
+	pg_atomic_uint64 admitted;	/* keys admitted under the quota, ever */
 } RateEntry;
 
 typedef struct RateShared
@@ -220,6 +223,7 @@ rate_entry_locked(const char *tenant, const char *scope, const char *option)
 		pg_atomic_init_u64(&entry->live, (uint64) LIVE_UNKNOWN);
 		pg_atomic_init_u64(&entry->recount_at, 0);
 		pg_atomic_init_u64(&entry->expiry, 0);
+		pg_atomic_init_u64(&entry->admitted, 0);
 	}
 	return entry;
 }
@@ -284,9 +288,12 @@ quota_take(RateEntry *entry, int64 max_live, int64 now, int *retry_after_s)
 {
 	uint64		recount_at;
 
+	/* admitted first, then live: see idem_quota_recounted */
+	(void) pg_atomic_fetch_add_u64(&entry->admitted, 1);
 	if ((int64) pg_atomic_fetch_add_u64(&entry->live, 1) < max_live)
 		return IDEM_QUOTA_ADMITTED;
 	(void) pg_atomic_fetch_sub_u64(&entry->live, 1);
+	(void) pg_atomic_fetch_sub_u64(&entry->admitted, 1);
 
 	recount_at = pg_atomic_read_u64(&entry->recount_at);
 	if (now >= (int64) recount_at &&
@@ -302,8 +309,8 @@ quota_take(RateEntry *entry, int64 max_live, int64 now, int *retry_after_s)
  *		Admit one new key of (tenant, scope) under a quota of "max_live"
  *		live keys: IDEM_QUOTA_ADMITTED, IDEM_QUOTA_FULL (with
  *		*retry_after_s set), or IDEM_QUOTA_RECOUNT: the caller counts the
- *		pair's live keys and passes the count to idem_quota_recounted, which
- *		decides.  Raises 55000 when the library was not preloaded.
+ *		pair's live keys and passes the count and the idem_quota_mark read
+ *		just before it to idem_quota_recounted, which decides.  Raises 55000 when the library was not preloaded.
  */
 IdemQuota
 idem_quota_admit(const char *tenant, const char *scope, int64 max_live,
@@ -323,6 +330,24 @@ idem_quota_admit(const char *tenant, const char *scope, int64 max_live,
 }
 
 /*
+ * idem_quota_mark
+ *		How many keys (tenant, scope) has admitted so far: read just before
+ *		the count that follows IDEM_QUOTA_RECOUNT, and passed to
+ *		idem_quota_recounted.
+ */
+uint64
+idem_quota_mark(const char *tenant, const char *scope)
+{
+	RateEntry  *entry;
+	uint64		mark;
+
+	entry = rate_entry_locked(tenant, scope, "max_live_keys");
+	mark = pg_atomic_read_u64(&entry->admitted);
+	LWLockRelease(rate_state->lock);
+	return mark;
+}
+
+/*
  * idem_quota_recounted
  *		The pair has "live" live keys (counted after idem_quota_admit said
  *		IDEM_QUOTA_RECOUNT), the earliest of which expires at
@@ -331,21 +356,39 @@ idem_quota_admit(const char *tenant, const char *scope, int64 max_live,
  */
 bool
 idem_quota_recounted(const char *tenant, const char *scope, int64 max_live,
-					 int64 live, TimestampTz earliest_expiry,
+					 int64 live, TimestampTz earliest_expiry, uint64 mark,
 					 int *retry_after_s)
 {
 	RateEntry  *entry;
 	int64		now = (int64) GetCurrentTimestamp();
+	uint64		seen;
 	bool		admitted;
 
 	entry = rate_entry_locked(tenant, scope, "max_live_keys");
 	pg_atomic_write_u64(&entry->expiry, (uint64) Max(earliest_expiry, 0));
 	pg_atomic_write_u64(&entry->recount_at, (uint64) (now + RECOUNT_INTERVAL));
-	pg_atomic_write_u64(&entry->live, (uint64) live);
+
+	/*
+	 * The count cannot see the keys admitted while it ran (their
+	 * transactions had not committed): add the admissions since "mark", so
+	 * that a slow count does not hand their room out again.  A key admitted
+	 * concurrently with this write adds to "admitted" before it adds to
+	 * "live", so it is either in "seen" or makes the loop write again.  A
+	 * key that committed before the count's snapshot is counted twice,
+	 * which errs on the side of the quota until the next count.
+	 */
+	do
+	{
+		seen = pg_atomic_read_u64(&entry->admitted);
+		pg_atomic_write_u64(&entry->live, (uint64) (live + (int64) (seen - mark)));
+	} while (pg_atomic_read_u64(&entry->admitted) != seen);
+
+	(void) pg_atomic_fetch_add_u64(&entry->admitted, 1);
 	admitted = (int64) pg_atomic_fetch_add_u64(&entry->live, 1) < max_live;
 	if (!admitted)
 	{
 		(void) pg_atomic_fetch_sub_u64(&entry->live, 1);
+		(void) pg_atomic_fetch_sub_u64(&entry->admitted, 1);
 		*retry_after_s = quota_retry_after(entry, now);
 	}
 	LWLockRelease(rate_state->lock);

@@ -6,9 +6,9 @@ Usage: wire_count.py LISTEN_PORT SERVER_SOCKET COUNTS_FILE
 
 Listens on 127.0.0.1:LISTEN_PORT, forwards every connection to the
 server's Unix socket SERVER_SOCKET (for example /tmp/xyz/.s.PGSQL.5432),
-and after each batch of client bytes rewrites COUNTS_FILE with the totals
-over all connections, as JSON: {"S": syncs, "H": flushes, "Q": simple
-queries, "E": executes, "P": parses, ...}.
+and, before it forwards each batch of client bytes, rewrites COUNTS_FILE
+with the totals over all connections, as JSON: {"S": syncs, "H": flushes,
+"Q": simple queries, "E": executes, "P": parses, ...}.
 
 The server answers only when it is asked to: at a Sync (S), a Flush (H) or
 a simple Query (Q).  So a client cannot have waited for the server more
@@ -44,7 +44,6 @@ def client_to_server(client, server):
             data = client.recv(65536)
             if not data:
                 break
-            server.sendall(data)
             buf += data
             seen = {}
             while True:
@@ -68,11 +67,15 @@ def client_to_server(client, server):
                     break
                 buf = buf[1 + length:]
                 seen[kind] = seen.get(kind, 0) + 1
+            # counted before the bytes go on: by the time the server has
+            # answered them (and the client could read the counts), they
+            # are in the file
             if seen:
                 with lock:
                     for k, n in seen.items():
                         counts[k] = counts.get(k, 0) + n
                     save()
+            server.sendall(data)
     except OSError:
         pass
     finally:
