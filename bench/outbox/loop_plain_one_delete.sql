@@ -1,1 +1,1 @@
-CALL bench_plain_one_delete(:rounds);
+CALL bench_plain_one(:rounds, true);

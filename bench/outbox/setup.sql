@@ -37,8 +37,10 @@ BEGIN
     END LOOP;
 END $$;
 
--- the same round on the hand-written queue, its tighter one-statement form
-CREATE PROCEDURE bench_plain_one(rounds int) LANGUAGE plpgsql AS $$
+-- the same round on the hand-written queue, its tighter one-statement form;
+-- delete_on_ack: a queue that keeps no history deletes the row instead
+CREATE PROCEDURE bench_plain_one(rounds int, delete_on_ack bool DEFAULT false)
+LANGUAGE plpgsql AS $$
 DECLARE
     t text;
     m bigint;
@@ -59,36 +61,13 @@ BEGIN
             RAISE EXCEPTION 'plain queue ran dry';
         END IF;
         COMMIT;
-        UPDATE plain_outbox SET status = 'done', done_at = now(), lease_until = NULL
-         WHERE tenant_id = t AND id = m AND status = 'leased' AND lease_token = tok;
-        COMMIT;
-    END LOOP;
-END $$;
-
--- the one-statement queue that keeps no history: delete on ack
-CREATE PROCEDURE bench_plain_one_delete(rounds int) LANGUAGE plpgsql AS $$
-DECLARE
-    t text;
-    m bigint;
-    tok uuid;
-BEGIN
-    FOR i IN 1 .. rounds LOOP
-        UPDATE plain_outbox o
-           SET status = 'leased', lease_token = gen_random_uuid(), leased_by = 'bench',
-               lease_until = now() + interval '30 seconds',
-               available_at = now() + interval '30 seconds'
-          FROM (SELECT ctid FROM plain_outbox
-                 WHERE status IN ('pending', 'leased') AND available_at <= now()
-                 ORDER BY available_at LIMIT 1
-                   FOR UPDATE SKIP LOCKED) c
-         WHERE o.ctid = c.ctid
-        RETURNING o.tenant_id, o.id, o.lease_token INTO t, m, tok;
-        IF m IS NULL THEN
-            RAISE EXCEPTION 'plain queue ran dry';
+        IF delete_on_ack THEN
+            DELETE FROM plain_outbox
+             WHERE tenant_id = t AND id = m AND status = 'leased' AND lease_token = tok;
+        ELSE
+            UPDATE plain_outbox SET status = 'done', done_at = now(), lease_until = NULL
+             WHERE tenant_id = t AND id = m AND status = 'leased' AND lease_token = tok;
         END IF;
-        COMMIT;
-        DELETE FROM plain_outbox
-         WHERE tenant_id = t AND id = m AND status = 'leased' AND lease_token = tok;
         COMMIT;
     END LOOP;
 END $$;
