@@ -1,3 +1,4 @@
+SET ROLE shop_app;
 \echo '== Request fingerprints: a retry must hash the same as the original'
 \echo '-- idem_canonical shows the RFC 8785 canonical text that is hashed:'
 \echo '-- members sorted, no whitespace, numbers in their shortest form'

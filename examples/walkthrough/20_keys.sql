@@ -1,6 +1,7 @@
 -- The key lifecycle: created, replay, mismatch, a 5xx released, and the
 -- two-phase flow with in_progress, a checkpoint, a takeover and fencing.
 \pset footer off
+SET ROLE shop_app;
 
 \echo '== 1. A client POSTs an order with Idempotency-Key: order-1001.'
 \echo '==    Reserve the key first thing in the transaction: "created" means go ahead.'
@@ -34,10 +35,13 @@ SELECT outcome, lock_token AS retry_token
 \echo outcome: :outcome
 SELECT idem_release('acme', 'orders', 'order-1002', :'retry_token');
 
-\echo '== 5. Two-phase, for work that calls the outside world: the scope hands a'
-\echo '==    stale reservation to the next attempt after 30 seconds.'
+\echo '== 5. Two-phase, for work that calls the outside world.  The operator sets the'
+\echo '==    scope to hand a stale reservation to the next attempt (after 2 seconds'
+\echo '==    here, so that the walkthrough need not wait long):'
+SET ROLE shop_ops;
 SELECT scope, lock_timeout, stale_action
-  FROM idem_configure_scope('payments', '{"lock_timeout": "30 seconds", "stale_action": "takeover"}');
+  FROM idem_configure_scope('payments', '{"lock_timeout": "2 seconds", "stale_action": "takeover"}');
+SET ROLE shop_app;
 \echo '==    The reservation commits on its own and carries a lock_token.'
 SELECT outcome, lock_token AS first_token
   FROM idem_reserve('acme', 'payments', 'pay-2001', '{"amount": 40}'::jsonb) \gset
@@ -47,9 +51,8 @@ SELECT idem_checkpoint('acme', 'payments', 'pay-2001', 'charge-requested', :'fir
 SELECT outcome, http_status, retry_after
   FROM idem_reserve('acme', 'payments', 'pay-2001', '{"amount": 40}'::jsonb);
 
-\echo '==    The first worker dies.  (Pretend a minute passes.)'
-UPDATE idempotency.keys SET locked_at = locked_at - interval '1 minute'
- WHERE tenant_id = 'acme' AND idem_key = 'pay-2001';
+\echo '==    The first worker dies, and its reservation grows stale.'
+SELECT pg_sleep(2.2);
 \echo '==    The next retry takes over, with a new lock_token and the last recovery point.'
 SELECT outcome, recovery_point, lock_token AS second_token
   FROM idem_reserve('acme', 'payments', 'pay-2001', '{"amount": 40}'::jsonb) \gset

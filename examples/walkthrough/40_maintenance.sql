@@ -1,11 +1,13 @@
 -- Maintenance: the reaper, the stale sweeper, the health and stats views,
 -- and scheduling it all with pg_cron.
-\echo '== A scope with short timings, so the example needs no waiting: keys kept 2 seconds, reservations stale after 1.'
+SET ROLE shop_ops;
+\echo '== The operator sets a scope with short timings, so the example needs no waiting: keys kept 2 seconds, reservations stale after 1.'
 SELECT scope, ttl, lock_timeout, stale_action
   FROM idem_configure_scope('walk-refunds', '{"ttl": "2 seconds", "lock_timeout": "1 second"}');
 
-\echo '== Three refunds answered and completed; a fourth reserved (two-phase: the reservation commits alone)'
-\echo '== by a worker that then dies before completing it:'
+\echo '== The application answers and completes three refunds; a fourth is reserved (two-phase: the'
+\echo '== reservation commits alone) by a worker that then dies before completing it:'
+SET ROLE shop_app;
 BEGIN;
 SELECT g AS request, r.outcome
   FROM generate_series(1, 3) g,
@@ -19,6 +21,7 @@ SELECT outcome FROM idem_reserve('walk-maint', 'walk-refunds', 'refund-stuck', '
 SELECT pg_sleep(2.5);
 
 \echo '== idempotency.health is what an operator (or pg_monitor) watches:'
+SET ROLE shop_ops;
 \x on
 SELECT * FROM idempotency.health;
 \x off
@@ -30,7 +33,9 @@ SELECT idem_reap() AS reaped;
 SELECT idem_sweep() AS swept;
 SELECT idem_key, status, needs_reconciliation
   FROM idempotency.keys WHERE tenant_id = 'walk-maint' ORDER BY idem_key;
+SET ROLE shop_app;
 SELECT outcome, http_status FROM idem_reserve('walk-maint', 'walk-refunds', 'refund-stuck', '{"amount": 9}'::jsonb);
+SET ROLE shop_ops;
 
 \echo '== CALL idem_maintain() does all of it (plus outbox leases and retention), committing between batches:'
 CALL idem_maintain();
@@ -49,7 +54,7 @@ SELECT needs_reconciliation FROM idempotency.health;
 SELECT idem_schedule_maintenance();
 \set ON_ERROR_STOP on
 
-\echo '== So, in database postgres, as the hint says:'
+\echo '== So, in database postgres, as the hint says (as the superuser who installed pg_cron):'
 \c postgres
 SELECT cron.schedule_in_database('idempotency-maintenance-demo', '* * * * *',
                                  'CALL public.idem_maintain()', 'demo') > 0 AS scheduled;
@@ -59,6 +64,6 @@ SELECT jobname, schedule, command, database FROM cron.job
 SELECT cron.unschedule('idempotency-maintenance-demo') AS unscheduled;
 \c demo
 
-\echo '== Cleaning up the example:'
+\echo '== Cleaning up the example (as the database owner: no role of the extension may delete keys):'
 DELETE FROM idempotency.keys WHERE tenant_id = 'walk-maint';
 DELETE FROM idempotency.scopes WHERE scope = 'walk-refunds';
