@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build PostgreSQL $PG (17 or 18) from Debian's source package, with
-# assertions, debugging symbols and the TAP framework, into
-# $IDEM_PG_CACHE/postgresql-$PG (see scripts/lib.sh), and pg_cron for it from
+# assertions (without them when PG_BUILD=release, for benchmarks), debugging
+# symbols and the TAP framework, into $PG_PREFIX,
+# $IDEM_PG_CACHE/postgresql-$PG[-release] (see scripts/lib.sh), and pg_cron for it from
 # Debian's pg-cron source package.  A complete build is reused as it is; an
 # incomplete one is started over.  When the archive does not serve pg-cron's
 # source, the server is used without pg_cron (the tests that need it are
@@ -29,10 +30,10 @@ esac
 
 mkdir -p "$IDEM_PG_CACHE"
 # one build at a time per version; a second caller waits and reuses it
-exec 9>"$IDEM_PG_CACHE/.lock-$PG"
+exec 9>"$IDEM_PG_CACHE/.lock-$(basename "$PG_PREFIX")"
 flock 9
 
-build=$IDEM_PG_CACHE/build/postgresql-$PG
+build=$IDEM_PG_CACHE/build/$(basename "$PG_PREFIX")
 log=$build/build.log
 aptdir=$IDEM_PG_CACHE/apt-$PG_SUITE
 apt_private=(-o "Dir::Etc::sourcelist=$aptdir/sources.list"
@@ -56,8 +57,12 @@ fetch() {
 }
 
 # run COMMAND...: run it niced, output to the log; on failure show the log.
+# Without the make variables of a calling make (make test, make bench):
+# PostgreSQL's build generates its headers first only in a top-level make
+# (MAKELEVEL 0), and a parallel build started below another make can
+# compile a file that includes one before it exists.
 run() {
-    if ! nice "$@" >>"$log" 2>&1; then
+    if ! nice env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS "$@" >>"$log" 2>&1; then
         echo "build-server: failed: $*" >&2
         tail -n 60 "$log" >&2
         exit 1
@@ -78,12 +83,18 @@ else
     mkdir -p "$build"
     echo "server: fetching postgresql-$PG from Debian $PG_SUITE"
     fetch "postgresql-$PG" || { cat "$log" >&2; exit 1; }
-    src=$(find "$build" -maxdepth 1 -type d -name "postgresql-$PG-*" | head -n 1)
+    src=$(find "$build" -mindepth 1 -maxdepth 1 -type d -name "postgresql-$PG-*" | head -n 1)
     version=$(changelog_version "$src")
     echo "server: building postgresql-$PG $version (log: $log)"
     # pgcrypto is the regression suite's independent SHA-256 oracle;
     # test_decoding shows the outbox's logical messages (t/042)
-    run env -C "$src" ./configure --prefix="$PG_PREFIX" --enable-cassert \
+    cassert=--enable-cassert
+    built="assertions enabled"
+    if [ "$PG_BUILD" = release ]; then
+        cassert=
+        built="without assertions, for benchmarks"
+    fi
+    run env -C "$src" ./configure --prefix="$PG_PREFIX" $cassert \
         --enable-debug --enable-tap-tests --with-openssl --without-llvm
     run make -C "$src" -j"$jobs"
     run make -C "$src/contrib/pgcrypto" -j"$jobs"
@@ -92,7 +103,7 @@ else
     run make -C "$src/contrib/pgcrypto" install
     run make -C "$src/contrib/test_decoding" install
     chmod -R a+rX "$PG_PREFIX"
-    echo "postgresql-$PG $version (Debian $PG_SUITE, assertions enabled)" >"$PG_PREFIX/.complete"
+    echo "postgresql-$PG $version (Debian $PG_SUITE, $built)" >"$PG_PREFIX/.complete"
     rm -rf "$build"
     echo "server: $(cat "$PG_PREFIX/.complete") built in $((SECONDS - started)) s"
 fi
@@ -104,7 +115,7 @@ else
     rm -rf "$build"
     mkdir -p "$build"
     if fetch pg-cron; then
-        src=$(find "$build" -maxdepth 1 -type d -name 'pg-cron-*' | head -n 1)
+        src=$(find "$build" -mindepth 1 -maxdepth 1 -type d -name 'pg-cron-*' | head -n 1)
         echo "server: building pg-cron $(changelog_version "$src")"
         run make -C "$src" -j"$jobs" PG_CONFIG="$PG_CONFIG"
         run make -C "$src" install PG_CONFIG="$PG_CONFIG"

@@ -20,10 +20,24 @@
 
 PG=${PG:-15}
 IDEM_PG_CACHE=${IDEM_PG_CACHE:-/var/cache/idempotency}
+# PG_BUILD chooses how a server built from source is configured: "assert"
+# (the default: assertions on, for the tests) or "release" (as Debian ships
+# it, without assertions, for bench/run.sh: assertions cost more in some
+# code paths than in others, so they would skew the ratios).  Each has its
+# own directory under $IDEM_PG_CACHE.
+PG_BUILD=${PG_BUILD:-assert}
+case $PG_BUILD in
+    assert) build_suffix= ;;
+    release) build_suffix=-release ;;
+    *)
+        echo "PG_BUILD=$PG_BUILD: assert or release" >&2
+        exit 1
+        ;;
+esac
 case $PG in
     15) PG_PREFIX=/usr/lib/postgresql/15 PG_SUITE= ;;
-    17) PG_PREFIX=$IDEM_PG_CACHE/postgresql-17 PG_SUITE=trixie ;;
-    18) PG_PREFIX=$IDEM_PG_CACHE/postgresql-18 PG_SUITE=sid ;;
+    17) PG_PREFIX=$IDEM_PG_CACHE/postgresql-17$build_suffix PG_SUITE=trixie ;;
+    18) PG_PREFIX=$IDEM_PG_CACHE/postgresql-18$build_suffix PG_SUITE=sid ;;
     *)
         echo "PG=$PG: the tested versions are 15, 17 and 18" >&2
         exit 1
@@ -35,7 +49,7 @@ if [ "$PG" = 18 ] && [ -n "${IDEM_DESTDIR:-}" ]; then
     echo "IDEM_DESTDIR works with PG=15 and PG=17; PG=18 installs into its own server" >&2
     exit 1
 fi
-export PG PG_CONFIG PATH="$PG_PREFIX/bin:$PATH"
+export PG PG_BUILD PG_CONFIG PATH="$PG_PREFIX/bin:$PATH"
 # Clusters are UTF-8 whatever the caller's locale (CI may have none).
 export LANG=C.UTF-8 LC_ALL=C.UTF-8
 

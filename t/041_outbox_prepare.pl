@@ -1,9 +1,11 @@
-# Two-phase commit: a transaction that enqueued (with idempotency.outbox_notify
-# on, the default) can be prepared.  PostgreSQL refuses to PREPARE a
-# transaction that executed NOTIFY, so the extension sends its NOTIFY at
-# commit only; a prepared transaction sends none, and its rows are claimed
-# once COMMIT PREPARED makes them visible.  Needs max_prepared_transactions,
-# which the regression cluster does not set.
+# Two-phase commit (PREPARE TRANSACTION).  A transaction that enqueued
+# (with idempotency.outbox_notify on, the default) can be prepared.
+# PostgreSQL refuses to PREPARE a transaction that executed NOTIFY, so the
+# extension sends its NOTIFY at commit only; a prepared transaction sends
+# none, and its rows are claimed once COMMIT PREPARED makes them visible.
+# A transaction that reserved keys can be prepared too: the reservations it
+# did not finish are written before it prepares.  Needs
+# max_prepared_transactions, which the regression cluster does not set.
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
@@ -62,6 +64,34 @@ $out = $node->safe_psql(
 });
 my @notes = ($out =~ /Asynchronous notification "idempotency_outbox" with payload "([^"]*)"/g);
 is_deeply(\@notes, ['obx.plain'], 'a committed transaction notifies once per topic');
+
+# a key reserved in a prepared transaction: an unfinished reservation is
+# written before the transaction prepares, as a two-phase reservation;
+# a finished one once, finished; both appear at COMMIT PREPARED
+my $tok = $node->safe_psql(
+	'postgres', q{
+	BEGIN;
+	SELECT lock_token FROM idem_reserve('t2pc', 'orders', 'k-unfinished', '{"n": 1}'::jsonb);
+	SELECT outcome FROM idem_reserve('t2pc', 'orders', 'k-finished', '{"n": 2}'::jsonb) \gset
+	SELECT idem_complete('t2pc', 'orders', 'k-finished', 201, '{"id": 2}') \gset
+	PREPARE TRANSACTION 'keys_2pc';
+});
+like($tok, qr/^[0-9a-f-]{36}$/, 'a transaction that reserved keys can be prepared');
+is($node->safe_psql('postgres',
+		"SELECT outcome FROM idem_reserve('t2pc', 'orders', 'k-unfinished', '{\"n\": 1}'::jsonb)"),
+	'in_progress', 'the prepared transaction holds the key');
+$node->safe_psql('postgres', "COMMIT PREPARED 'keys_2pc'");
+is($node->safe_psql('postgres',
+		"SELECT idem_key || ' ' || status || ' ' || (lock_token = '$tok') FROM idempotency.keys"
+		  . " WHERE tenant_id = 't2pc' ORDER BY idem_key"),
+	"k-finished succeeded false\nk-unfinished processing true",
+	'COMMIT PREPARED commits the processing reservation with its token and the finished row');
+is($node->safe_psql('postgres',
+		"SELECT idem_complete('t2pc', 'orders', 'k-unfinished', 201, '{}', lock_token => '$tok')"),
+	'succeeded', 'the reservation completes with its token');
+is($node->safe_psql('postgres',
+		"SELECT outcome || ' ' || response_body FROM idem_reserve('t2pc', 'orders', 'k-finished', '{\"n\": 2}'::jsonb)"),
+	'replay {"id": 2}', 'the finished key replays');
 
 $node->stop;
 done_testing();
