@@ -207,7 +207,6 @@ typedef struct ReserveAnswer
 	pg_uuid_t	token;
 	bool		has_expires_at;
 	TimestampTz expires_at;
-	bool		unwritten;		/* created, the row left to write later */
 } ReserveAnswer;
 
 /*
@@ -267,25 +266,6 @@ typedef struct HeldKey
 	SubTransactionId subid;
 	pg_uuid_t	token;
 	char	   *scope;			/* in TopTransactionContext; for the guard */
-
-	/*
-	 * A key this transaction reserved as new is written once: its row is
-	 * inserted finished by idem_complete, or as the processing reservation
-	 * when anything else needs it (a checkpoint, a release, a lookup,
-	 * another reservation of the key) and at the latest before the
-	 * transaction commits or prepares.  Until then only the key's lock
-	 * stands for it, and "unwritten" holds what the row will hold.  A
-	 * subtransaction that wrote it (written_subid) and aborts makes it
-	 * unwritten again.
-	 */
-	bool		unwritten;
-	SubTransactionId written_subid;
-	char	   *tenant;			/* in TopTransactionContext, when unwritten */
-	char	   *key;
-	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
-	TimestampTz locked_at;
-	TimestampTz expires_at;
-	Oid			owner;			/* the role that writes it (the definer) */
 } HeldKey;
 
 static HTAB *held_keys = NULL;
@@ -294,7 +274,6 @@ static HTAB *scope_cache = NULL;
 
 /* Saved plans, prepared on first use. */
 static SPIPlanPtr plan_insert = NULL;
-static SPIPlanPtr plan_insert_finished = NULL;
 static SPIPlanPtr plan_renew = NULL;
 static SPIPlanPtr plan_takeover = NULL;
 static SPIPlanPtr plan_flag = NULL;
@@ -681,19 +660,12 @@ keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
  * ----------------------------------------------------------------
  */
 
-static void held_write_all(void);
-
 static void
 held_xact_callback(XactEvent event, void *arg)
 {
 	(void) arg;
 	switch (event)
 	{
-		case XACT_EVENT_PRE_COMMIT:
-		case XACT_EVENT_PRE_PREPARE:
-			/* the reservations still unwritten commit as processing */
-			held_write_all();
-			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_ABORT:
@@ -721,17 +693,13 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 
 	/*
 	 * Subtransactions started since the aborted one began are its
-	 * descendants, so every entry with a subid at least mySubid goes, and
-	 * a row written by one of them is gone again.
+	 * descendants, so every entry with a subid at least mySubid goes.
 	 */
 	hash_seq_init(&status, held_keys);
 	while ((entry = (HeldKey *) hash_seq_search(&status)) != NULL)
 	{
 		if (entry->subid >= mySubid)
 			(void) hash_search(held_keys, &entry->hash, HASH_REMOVE, NULL);
-		else if (entry->tenant != NULL && !entry->unwritten &&
-				 entry->written_subid >= mySubid)
-			entry->unwritten = true;
 	}
 }
 
@@ -766,152 +734,8 @@ held_remember(KeyIdent *id, const pg_uuid_t *token)
 		/* a later proof of the same key keeps the first (outermost) subid */
 		entry->subid = GetCurrentSubTransactionId();
 		entry->scope = MemoryContextStrdup(TopTransactionContext, id->scope);
-		entry->unwritten = false;
-		entry->tenant = NULL;
 	}
 	entry->token = *token;
-}
-
-/*
- * Mark the reservation of a new key, just remembered, as unwritten: what
- * its row will hold.
- */
-static void
-held_set_unwritten(KeyIdent *id, const uint8 *fingerprint,
-				   TimestampTz locked_at, TimestampTz expires_at)
-{
-	uint64		hash = keys_hash(id);
-	HeldKey    *entry;
-
-	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_FIND, NULL);
-	Assert(entry != NULL);
-	entry->unwritten = true;
-	entry->written_subid = InvalidSubTransactionId;
-	entry->tenant = MemoryContextStrdup(TopTransactionContext, id->tenant);
-	entry->key = MemoryContextStrdup(TopTransactionContext, id->key);
-	memcpy(entry->fingerprint, fingerprint, IDEM_FINGERPRINT_LEN);
-	entry->locked_at = locked_at;
-	entry->expires_at = expires_at;
-	entry->owner = GetUserId();
-}
-
-/*
- * The entry of a key this transaction reserved and has not written yet,
- * or NULL.  A 64-bit hash collision with another key is reported, never
- * taken for it.
- */
-static HeldKey *
-held_unwritten(KeyIdent *id)
-{
-	uint64		hash;
-	HeldKey    *entry;
-
-	if (held_keys == NULL)
-		return NULL;
-	hash = keys_hash(id);
-	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_FIND, NULL);
-	if (entry == NULL || !entry->unwritten)
-		return NULL;
-	if (strcmp(entry->tenant, id->tenant) != 0 ||
-		strcmp(entry->scope, id->scope) != 0 ||
-		strcmp(entry->key, id->key) != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("idempotency key \"%s\" has the same hash as another key this transaction reserved",
-						id->key),
-				 errhint("Reserve the two keys in separate transactions.")));
-	return entry;
-}
-
-static void reserve_insert(Datum *values);
-
-/*
- * Write the processing row of an unwritten reservation, as a reservation
- * that is not finished in this transaction leaves it.  SPI connected.
- */
-static void
-held_write(HeldKey *entry)
-{
-	Datum		values[7];
-	bytea	   *fp;
-
-	fp = (bytea *) palloc(VARHDRSZ + IDEM_FINGERPRINT_LEN);
-	SET_VARSIZE(fp, VARHDRSZ + IDEM_FINGERPRINT_LEN);
-	memcpy(VARDATA(fp), entry->fingerprint, IDEM_FINGERPRINT_LEN);
-	values[0] = CStringGetTextDatum(entry->tenant);
-	values[1] = CStringGetTextDatum(entry->scope);
-	values[2] = CStringGetTextDatum(entry->key);
-	values[3] = PointerGetDatum(fp);
-	values[4] = UUIDPGetDatum(&entry->token);
-	values[5] = TimestampTzGetDatum(entry->locked_at);
-	values[6] = TimestampTzGetDatum(entry->expires_at);
-	reserve_insert(values);
-	entry->unwritten = false;
-	entry->written_subid = GetCurrentSubTransactionId();
-}
-
-/*
- * Write the key's reservation now if this transaction holds it unwritten,
- * for a call that reads or changes the key's row.  Returns whether it
- * wrote.  SPI connected.
- */
-static bool
-held_materialize(KeyIdent *id)
-{
-	HeldKey    *entry = held_unwritten(id);
-
-	if (entry == NULL)
-		return false;
-	held_write(entry);
-	return true;
-}
-
-/*
- * At pre-commit (and pre-prepare): write every reservation still
- * unwritten, as the role that reserved it (the functions' owner), with
- * the search_path pinned as in the functions.
- */
-static void
-held_write_all(void)
-{
-	HASH_SEQ_STATUS status;
-	HeldKey    *entry;
-	bool		connected = false;
-	Oid			save_userid = InvalidOid;
-	int			save_sec = 0;
-	int			save_nestlevel = 0;
-
-	if (held_keys == NULL)
-		return;
-	hash_seq_init(&status, held_keys);
-	while ((entry = (HeldKey *) hash_seq_search(&status)) != NULL)
-	{
-		if (!entry->unwritten)
-			continue;
-		if (!connected)
-		{
-			GetUserIdAndSecContext(&save_userid, &save_sec);
-			SetUserIdAndSecContext(entry->owner,
-								   save_sec | SECURITY_LOCAL_USERID_CHANGE |
-								   SECURITY_RESTRICTED_OPERATION);
-			save_nestlevel = NewGUCNestLevel();
-			(void) set_config_option("search_path", "pg_catalog, pg_temp",
-									 PGC_USERSET, PGC_S_SESSION,
-									 GUC_ACTION_SAVE, true, 0, false);
-			/* SPI needs a snapshot to run under; the commit has none */
-			PushActiveSnapshot(GetTransactionSnapshot());
-			idem_spi_connect();
-			connected = true;
-		}
-		held_write(entry);
-	}
-	if (connected)
-	{
-		SPI_finish();
-		PopActiveSnapshot();
-		AtEOXact_GUC(true, save_nestlevel);
-		SetUserIdAndSecContext(save_userid, save_sec);
-	}
 }
 
 /*
@@ -1701,20 +1525,7 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 			if (reserve_rate_limited(id, policy, now, ans))
 				return false;
 			idem_new_token(token);
-
-			/*
-			 * The row is written later (HeldKey), once, unless the keys
-			 * live in Citus shards, whose writes the passes route.  What
-			 * the INSERT would refuse here is refused all the same.
-			 */
-			if (idem_citus_distributed())
-				reserve_insert(newvalues);
-			else
-			{
-				PreventCommandIfReadOnly("INSERT");
-				PreventCommandIfParallelMode("INSERT");
-				ans->unwritten = true;
-			}
+			reserve_insert(newvalues);
 			ans->outcome = OUTCOME_CREATED;
 			ans->has_token = true;
 			ans->token = *token;
@@ -1901,8 +1712,6 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 
 	keys_ensure_cache();
 	idem_spi_connect();
-	/* this transaction's own reservation of the key is answered from its row */
-	(void) held_materialize(&id);
 
 	keys_scope_policy(id.scope, &policy, true);
 	if (from_request)
@@ -1964,11 +1773,7 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 
 	reserve_count(&id, ans.outcome);
 	if (ans.outcome == OUTCOME_CREATED)
-	{
 		held_remember(&id, &ans.token);
-		if (ans.unwritten)
-			held_set_unwritten(&id, fingerprint, now, ans.expires_at);
-	}
 
 	MemoryContextSwitchTo(callcxt);
 	result = reserve_answer_datum(&ans);
@@ -2130,55 +1935,6 @@ keys_delete_reservation(KeyIdent *id, pg_uuid_t *token, const char *action)
 }
 
 /*
- * Insert the finished row of a reservation this transaction holds
- * unwritten: the reservation's columns and the response, as the INSERT at
- * reserve and the UPDATE at completion would have left it.
- */
-static void
-keys_insert_finished(HeldKey *entry, int32 code, Datum body, bool body_null,
-					 Datum headers, bool headers_null)
-{
-	Oid			argtypes[12] = {TEXTOID, TEXTOID, TEXTOID, BYTEAOID, UUIDOID,
-		TIMESTAMPTZOID, TIMESTAMPTZOID, BOOLOID, INT4OID, JSONBOID, JSONBOID,
-	TIMESTAMPTZOID};
-	Datum		values[12];
-	char		nulls[12];
-	bytea	   *fp;
-
-	idem_saved_plan(&plan_insert_finished,
-					"INSERT INTO idempotency.keys"
-					" (tenant_id, scope, idem_key, fingerprint, lock_token, locked_at,"
-					" created_at, expires_at, status, response_code, response_body,"
-					" response_headers, completed_at, needs_reconciliation)"
-					" VALUES ($1, $2, $3, $4, $5, $6, $6, $7,"
-					" CASE WHEN $8 THEN 'succeeded'::idempotency.status"
-					" ELSE 'failed'::idempotency.status END,"
-					" $9, $10, $11, $12, false)",
-					12, argtypes, 0);
-	fp = (bytea *) palloc(VARHDRSZ + IDEM_FINGERPRINT_LEN);
-	SET_VARSIZE(fp, VARHDRSZ + IDEM_FINGERPRINT_LEN);
-	memcpy(VARDATA(fp), entry->fingerprint, IDEM_FINGERPRINT_LEN);
-	memset(nulls, ' ', sizeof(nulls));
-	values[0] = CStringGetTextDatum(entry->tenant);
-	values[1] = CStringGetTextDatum(entry->scope);
-	values[2] = CStringGetTextDatum(entry->key);
-	values[3] = PointerGetDatum(fp);
-	values[4] = UUIDPGetDatum(&entry->token);
-	values[5] = TimestampTzGetDatum(entry->locked_at);
-	values[6] = TimestampTzGetDatum(entry->expires_at);
-	values[7] = BoolGetDatum(code < 400);
-	values[8] = Int32GetDatum(code);
-	values[9] = body;
-	nulls[9] = body_null ? 'n' : ' ';
-	values[10] = headers;
-	nulls[10] = headers_null ? 'n' : ' ';
-	values[11] = TimestampTzGetDatum(GetCurrentTimestamp());
-	idem_spi_execute(plan_insert_finished, values, nulls, false, 0);
-	entry->unwritten = false;
-	entry->written_subid = GetCurrentSubTransactionId();
-}
-
-/*
  * Store the response of a processing key, or delete the reservation: when
  * the caller says the failure is retryable, for a status code the scope
  * lists in retryable_codes, and for a 5xx the scope does not cache.  With
@@ -2194,7 +1950,6 @@ keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
 	Datum		values[9];
 	char		nulls[9];
 	ScopePolicy policy;
-	HeldKey    *unwritten;
 
 	memcpy(values, id->values, sizeof(id->values));
 	memset(nulls, ' ', sizeof(nulls));
@@ -2205,24 +1960,6 @@ keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
 		retryable = (policy.retryable[RETRYABLE_WORD(code)] &
 					 RETRYABLE_BIT(code)) != 0 ||
 			(code >= 500 && !policy.cache_server_errors);
-
-	/*
-	 * A reservation of this transaction not written yet: the finished row
-	 * is its only write.  Anything else (a release, another token, which
-	 * the fenced statements answer) writes the reservation first.
-	 */
-	unwritten = held_unwritten(id);
-	if (unwritten != NULL && !retryable &&
-		(token == NULL || memcmp(token, &unwritten->token, sizeof(pg_uuid_t)) == 0))
-	{
-		keys_insert_finished(unwritten, code, body, body_null, headers,
-							 headers_null);
-		idem_stats_count(id->tenant, id->scope, IDEM_STAT_COMPLETED, 1);
-		return status_oids[code < 400 ? STATUS_SUCCEEDED : STATUS_FAILED];
-	}
-	if (unwritten != NULL)
-		held_write(unwritten);
-
 	if (retryable)
 	{
 		keys_delete_reservation(id, token, action);
@@ -2357,7 +2094,6 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	idem_spi_connect();
 	keys_lock_wait(&id);
 	token = keys_fence_token(&id, token, "checkpoint");
-	(void) held_materialize(&id);
 	idem_saved_plan(&plan_checkpoint,
 					"UPDATE idempotency.keys SET recovery_point = $4, locked_at = $5"
 					KEY_WHERE " AND status = 'processing'"
@@ -2396,7 +2132,6 @@ idem_release(PG_FUNCTION_ARGS)
 	idem_spi_connect();
 	keys_lock_wait(&id);
 	token = keys_fence_token(&id, token, "release");
-	(void) held_materialize(&id);
 	keys_delete_reservation(&id, token, "release");
 	SPI_finish();
 	PG_RETURN_VOID();
@@ -2415,18 +2150,15 @@ idem_lookup(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	KeyIdent	id;
 	Oid			argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
-	bool		wrote;
 
 	keys_ident_from_args(fcinfo, &id);
 	InitMaterializedSRF(fcinfo, 0);
 
 	idem_spi_connect();
-	/* this transaction's own reservation shows as its row would */
-	wrote = held_materialize(&id);
 	idem_saved_plan(&plan_lookup,
 					"SELECT * FROM idempotency.keys" KEY_WHERE,
 					3, argtypes, 0);
-	idem_spi_execute(plan_lookup, id.values, NULL, !wrote, 0);
+	idem_spi_execute(plan_lookup, id.values, NULL, true, 0);
 	if (SPI_processed > 0)
 	{
 		TupleDesc	outdesc = rsinfo->setDesc;

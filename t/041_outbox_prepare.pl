@@ -3,8 +3,8 @@
 # PostgreSQL refuses to PREPARE a transaction that executed NOTIFY, so the
 # extension sends its NOTIFY at commit only; a prepared transaction sends
 # none, and its rows are claimed once COMMIT PREPARED makes them visible.
-# A transaction that reserved keys can be prepared too: the reservations it
-# did not finish are written before it prepares.  Needs
+# A transaction that reserved keys can be prepared too: its unfinished
+# reservation commits with COMMIT PREPARED, as a two-phase one.  Needs
 # max_prepared_transactions, which the regression cluster does not set.
 use strict;
 use warnings;
@@ -65,9 +65,9 @@ $out = $node->safe_psql(
 my @notes = ($out =~ /Asynchronous notification "idempotency_outbox" with payload "([^"]*)"/g);
 is_deeply(\@notes, ['obx.plain'], 'a committed transaction notifies once per topic');
 
-# a key reserved in a prepared transaction: an unfinished reservation is
-# written before the transaction prepares, as a two-phase reservation;
-# a finished one once, finished; both appear at COMMIT PREPARED
+# keys reserved in a prepared transaction, one finished and one not: the
+# prepared transaction holds them, and COMMIT PREPARED commits both rows,
+# the unfinished one as a two-phase reservation with its token
 my $tok = $node->safe_psql(
 	'postgres', q{
 	BEGIN;
