@@ -310,7 +310,8 @@ quota_take(RateEntry *entry, int64 max_live, int64 now, int *retry_after_s)
  *		live keys: IDEM_QUOTA_ADMITTED, IDEM_QUOTA_FULL (with
  *		*retry_after_s set), or IDEM_QUOTA_RECOUNT: the caller counts the
  *		pair's live keys and passes the count and the idem_quota_mark read
- *		just before it to idem_quota_recounted, which decides.  Raises 55000 when the library was not preloaded.
+ *		just before it to idem_quota_recounted, which decides.  Raises
+ *		55000 when the library was not preloaded.
  */
 IdemQuota
 idem_quota_admit(const char *tenant, const char *scope, int64 max_live,
