@@ -332,14 +332,22 @@ static const char *const outbox_lease_sql[2] = {
  * backlog, and cheap enough never to be compiled by JIT.  $3 and $4 are
  * the topics and the tenant, filtered as in outbox_lock_sql_format.
  *
- * A row that another transaction changed after this statement's snapshot
- * was taken is locked in its new version, which the statement cannot see:
- * it then leases nothing, and the claim falls back to the two statements,
- * the second of which sees it.
+ * It leases a pending row only, so its SET list is the plain lease,
+ * without the lost-lease accounting of OUTBOX_LEASE_SET: when the oldest
+ * due row is a leased row whose lease expired, the statement locks it and
+ * leases nothing, and the claim falls back to the two statements, which
+ * count the lost attempt (a row this transaction locked is not skipped by
+ * its own SKIP LOCKED).  The same fallback serves a row that another
+ * transaction changed after this statement's snapshot was taken: it is
+ * locked in its new version, which the statement cannot see.
  */
 #define OUTBOX_CLAIM_ONE_SQL(token) \
 "UPDATE idempotency.outbox o" \
-OUTBOX_LEASE_SET(token) \
+"   SET status = 'leased'::idempotency.outbox_status," \
+"       lease_token = " token "," \
+"       leased_by = $1," \
+"       lease_until = pg_catalog.statement_timestamp() + $2," \
+"       available_at = pg_catalog.statement_timestamp() + $2" \
 "  FROM (SELECT c.ctid" \
 "          FROM idempotency.outbox c" \
 "         WHERE c.status IN ('pending', 'leased')" \
@@ -348,7 +356,7 @@ OUTBOX_LEASE_SET(token) \
 "         ORDER BY c.available_at" \
 "         LIMIT 1" \
 "           FOR UPDATE SKIP LOCKED) l" \
-" WHERE o.ctid = l.ctid" \
+" WHERE o.ctid = l.ctid AND o.status = 'pending'" \
 " RETURNING o.*"
 
 static const char *const outbox_claim_one_sql_format[2] = {
@@ -1385,9 +1393,9 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 
 /*
  * A claim of one row in one statement (outbox_claim_one_sql_format): lease
- * the oldest due row to "worker" for "lease" and put it into "tupstore" as
- * a row of "tupdesc", unless the lease dead-lettered it.  Inside SPI;
- * returns how many rows the statement leased or dead-lettered (0 or 1).
+ * the oldest due row, when it is pending, to "worker" for "lease" and put
+ * it into "tupstore" as a row of "tupdesc".  Inside SPI; returns how many
+ * rows the statement leased (0 or 1).
  */
 static uint64
 outbox_claim_one(const char *worker, Interval *lease, Datum topics,
@@ -1399,7 +1407,6 @@ outbox_claim_one(const char *worker, Interval *lease, Datum topics,
 	char		nulls[4] = {' ', ' ', 'n', 'n'};
 	int			filters;
 	SPIPlanPtr	plan;
-	HeapTuple	row = NULL;
 	int			rc;
 
 	values[0] = CStringGetTextDatum(worker);
@@ -1421,16 +1428,8 @@ outbox_claim_one(const char *worker, Interval *lease, Datum topics,
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox claim failed: %s", SPI_result_code_string(rc));
 	if (SPI_processed > 0)
-	{
-		bool		isnull;
-
-		(void) SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
-							 outbox_column(SPI_tuptable->tupdesc, "lease_token"),
-							 &isnull);
-		if (!isnull)			/* else dead-lettered by this claim */
-			row = SPI_tuptable->vals[0];
-		outbox_claim_emit(SPI_tuptable->tupdesc, &row, 1, tupdesc, tupstore);
-	}
+		outbox_claim_emit(SPI_tuptable->tupdesc, SPI_tuptable->vals, 1,
+						  tupdesc, tupstore);
 	return SPI_processed;
 }
 
