@@ -857,6 +857,36 @@ INSERT INTO idempotency.sweep_state DEFAULT VALUES;
 REVOKE ALL ON idempotency.sweep_state FROM PUBLIC;
 GRANT SELECT, UPDATE (pages_per_run) ON idempotency.sweep_state TO idempotency_admin;
 
+/*
+ * A dump keeps the row (the budget an operator set): restoring it runs
+ * CREATE EXTENSION, which makes the default row, and then loads the dumped
+ * one, which this trigger merges into the row already there instead of
+ * failing on the primary key.
+ */
+CREATE FUNCTION idempotency.sweep_state_merge()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE idempotency.sweep_state AS s
+       SET next_page = NEW.next_page, pages_per_run = NEW.pages_per_run
+     WHERE s.one_row;
+    IF FOUND THEN
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION idempotency.sweep_state_merge() FROM PUBLIC;
+
+CREATE TRIGGER sweep_state_merge
+    BEFORE INSERT ON idempotency.sweep_state
+    FOR EACH ROW EXECUTE FUNCTION idempotency.sweep_state_merge();
+
+SELECT pg_catalog.pg_extension_config_dump('idempotency.sweep_state', '');
+
 /* ---- Running on Citus: idem_citus_distribute ---- */
 
 /*

@@ -1,7 +1,8 @@
 # pg_dump + pg_restore into a new database keeps what a retry depends on:
 # scope policies (fingerprint_ignore among them), live keys (finished and in
-# flight), tenant bindings and undelivered outbox rows.  A retry within the
-# ttl replays after the restore instead of running again.
+# flight), tenant bindings and undelivered outbox rows, and the sweeper's
+# budget an operator set.  A retry within the ttl replays after the restore
+# instead of running again.
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
@@ -15,6 +16,7 @@ $node->safe_psql('shop', q{
 CREATE ROLE dump_bound;
 SELECT idem_configure_scope('pay', '{"ttl": "2 days", "fingerprint_ignore": ["/trace"], "stale_action": "takeover"}');
 SELECT idem_bind_tenant('dump_bound', 'acme');
+UPDATE idempotency.sweep_state SET pages_per_run = 65536;
 BEGIN;
 SELECT outcome FROM idem_reserve('acme', 'pay', 'k1', '{"amount": 10, "trace": "a"}');
 SELECT outbox_enqueue('acme', 'charge.capture', '{"amount": 10}', 'k1', 'pay');
@@ -38,6 +40,9 @@ is($node->safe_psql('restored',
 is($node->safe_psql('restored',
 		q{SELECT role::text || ' ' || tenant FROM idempotency.tenant_bindings}),
 	'dump_bound acme', 'tenant bindings survive');
+is($node->safe_psql('restored',
+		q{SELECT count(*) || ' ' || max(pages_per_run) FROM idempotency.sweep_state}),
+	'1 65536', 'the sweep budget survives, still in one row');
 # the retry differs only in an ignored member: it must replay, with the
 # fingerprint computed under the restored fingerprint_ignore
 is($node->safe_psql('restored', q{
