@@ -556,6 +556,18 @@ idem_citus_enter(int pass)
 							 true, 0, false);
 }
 
+/*
+ * idem_citus_pass_keys_relid
+ *		The local shard of idempotency.keys that pass "pass" reads (only
+ *		when the tables are distributed).
+ */
+Oid
+idem_citus_pass_keys_relid(int pass)
+{
+	Assert(citus_distributed && pass >= 0 && pass < citus_npasses);
+	return citus_shards[citus_passes[pass]].keys_shard;
+}
+
 void
 idem_citus_leave(void)
 {

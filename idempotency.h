@@ -240,6 +240,7 @@ extern bool idem_citus_distributed(void);
 extern int	idem_citus_first_pass(int npasses);
 extern void idem_citus_enter(int pass);
 extern void idem_citus_leave(void);
+extern Oid	idem_citus_pass_keys_relid(int pass);
 extern bool idem_citus_pass_active;
 extern struct _SPI_plan *idem_citus_pass_plan(struct _SPI_plan **cache,
 											  const char *sql, int nargs,

@@ -36,6 +36,7 @@
  */
 #include "postgres.h"
 
+#include "access/table.h"
 #include "catalog/pg_type.h"
 #include "commands/dbcommands.h"
 #include "commands/extension.h"
@@ -43,10 +44,12 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "storage/bufmgr.h"
 #include "storage/itemptr.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
+#include "utils/rel.h"
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
@@ -325,46 +328,6 @@ idem_reap(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(total);
 }
 
-/*
- * sweep_slice
- *		Decide which pages the scheduled sweep reads now: from the cursor
- *		(back to page 0 when the table has shrunk below it) for at most
- *		pages_per_run pages.  Sets *from and *to (exclusive) and returns the
- *		cursor for the next run: 0 once the end of the table is reached.
- */
-static int64
-sweep_slice(int64 *from, int64 *to)
-{
-	int64		next;
-	int64		pages;
-	int64		nblocks;
-	bool		isnull;
-	int			ret;
-	Oid			argtypes[1] = {INT4OID};
-	Datum		values[1];
-	HeapTuple	tuple;
-	TupleDesc	desc;
-
-	values[0] = Int32GetDatum(IDEM_SWEEP_DEFAULT_PAGES);
-	ret = SPI_execute_plan(idem_saved_plan(&sweep_state_plan, sweep_state_sql,
-										 1, argtypes, 0),
-						   values, NULL, true, 1);
-	if (ret != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "reading the sweep state failed: %s",
-			 SPI_result_code_string(ret));
-	tuple = SPI_tuptable->vals[0];
-	desc = SPI_tuptable->tupdesc;
-	next = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
-	pages = DatumGetInt32(SPI_getbinval(tuple, desc, 2, &isnull));
-	nblocks = DatumGetInt64(SPI_getbinval(tuple, desc, 3, &isnull)) / BLCKSZ;
-
-	if (next < 0 || next >= nblocks)
-		next = 0;
-	*from = next;
-	*to = next + pages;
-	return *to >= nblocks ? 0 : *to;
-}
-
 /* A tid Datum for the first item of page "page" (clamped to a block number). */
 static Datum
 sweep_page_tid(int64 page)
@@ -375,6 +338,110 @@ sweep_page_tid(int64 page)
 		page = MaxBlockNumber;
 	ItemPointerSet(tid, (BlockNumber) page, 0);
 	return PointerGetDatum(tid);
+}
+
+/*
+ * sweep_pages
+ *		The pages a scheduled sweep goes round, into npages[pass], and their
+ *		total: on a plain server the keys table's ("table_blocks"); on Citus
+ *		those of this node's shards of it, one pass after the other, as if
+ *		they were one table, so that a run reads at most pages_per_run
+ *		pages however many shards the node holds.
+ */
+static int64
+sweep_pages(int npasses, int64 *npages, int64 table_blocks)
+{
+	int64		total = 0;
+	int			pass;
+
+	if (!idem_citus_distributed())
+	{
+		npages[0] = table_blocks;
+		return table_blocks;
+	}
+	for (pass = 0; pass < npasses; pass++)
+	{
+		Relation	rel = table_open(idem_citus_pass_keys_relid(pass),
+									 AccessShareLock);
+
+		npages[pass] = RelationGetNumberOfBlocks(rel);
+		table_close(rel, NoLock);
+		total += npages[pass];
+	}
+	return total;
+}
+
+/*
+ * sweep_slices
+ *		One scheduled sweep: from the cursor (back to page 0 when the pages
+ *		have shrunk below it), at most pages_per_run pages, pass by pass
+ *		(a slice can end one shard and start the next).  "values" and
+ *		"nulls" are sweep_slice_sql's, whose page bounds ($3, $4) are set
+ *		here.  Adds the flagged keys to *total and returns the cursor for
+ *		the next run: 0 once the end of the pages is reached.
+ */
+static int64
+sweep_slices(Oid *argtypes, Datum *values, char *nulls, int64 *total)
+{
+	Oid			statetypes[1] = {INT4OID};
+	Datum		statevalues[1];
+	HeapTuple	tuple;
+	TupleDesc	desc;
+	bool		isnull;
+	int64		next;
+	int64		left;
+	int64		all;
+	int64		offset = 0;
+	int64	   *npages;
+	int			npasses = idem_citus_passes();
+	int			pass;
+	int			ret;
+
+	statevalues[0] = Int32GetDatum(IDEM_SWEEP_DEFAULT_PAGES);
+	ret = SPI_execute_plan(idem_saved_plan(&sweep_state_plan, sweep_state_sql,
+										 1, statetypes, 0),
+						   statevalues, NULL, true, 1);
+	if (ret != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "reading the sweep state failed: %s",
+			 SPI_result_code_string(ret));
+	tuple = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	next = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
+	left = DatumGetInt32(SPI_getbinval(tuple, desc, 2, &isnull));
+	npages = (int64 *) palloc0(sizeof(int64) * Max(npasses, 1));
+	all = sweep_pages(npasses, npages,
+					  DatumGetInt64(SPI_getbinval(tuple, desc, 3, &isnull)) / BLCKSZ);
+
+	if (next < 0 || next >= all)
+		next = 0;
+	for (pass = 0; pass < npasses && left > 0 && next < all; pass++)
+	{
+		int64		from;
+		int64		to;
+
+		if (next >= offset + npages[pass])
+		{
+			offset += npages[pass];
+			continue;
+		}
+		from = next - offset;
+		to = Min(npages[pass], from + left);
+		values[2] = sweep_page_tid(from);
+		values[3] = sweep_page_tid(to);
+		idem_citus_enter(pass);
+		ret = SPI_execute_plan(idem_saved_plan(&sweep_slice_plan, sweep_slice_sql,
+											 4, argtypes, 0),
+							   values, nulls, false, 0);
+		if (ret != SPI_OK_SELECT)
+			elog(ERROR, "sweeping keys failed: %s", SPI_result_code_string(ret));
+		*total += maint_count_into_stats(IDEM_STAT_SWEPT);
+		idem_citus_leave();
+		left -= to - from;
+		next = offset + to;
+		offset += npages[pass];
+	}
+	pfree(npages);
+	return next >= all ? 0 : next;
 }
 
 /*
@@ -425,30 +492,13 @@ idem_sweep(PG_FUNCTION_ARGS)
 	values[1] = idem_interval_datum(idem_seconds_interval(idem_default_lock_timeout));
 
 	idem_spi_connect();
-	/*
-	 * On Citus the keys table here is an empty shell and the keys live in
-	 * the local shards: each pass reads one shard whole (the slices follow
-	 * the pages of one table).
-	 */
-	if (sliced && idem_citus_distributed())
-		sliced = false;
 	if (sliced)
 	{
-		int64		from;
-		int64		to;
 		Oid			advtypes[1] = {INT8OID};
 		Datum		advvalues[1];
 
-		next = sweep_slice(&from, &to);
-		values[2] = sweep_page_tid(from);
-		values[3] = sweep_page_tid(to);
-		ret = SPI_execute_plan(idem_saved_plan(&sweep_slice_plan, sweep_slice_sql,
-											 4, argtypes, 0),
-							   values, nulls, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "sweeping keys failed: %s", SPI_result_code_string(ret));
-		total = maint_count_into_stats(IDEM_STAT_SWEPT);
-
+		total = 0;
+		next = sweep_slices(argtypes, values, nulls, &total);
 		advvalues[0] = Int64GetDatum(next);
 		ret = SPI_execute_plan(idem_saved_plan(&sweep_advance_plan,
 											 sweep_advance_sql, 1, advtypes, 0),

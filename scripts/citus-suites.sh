@@ -325,12 +325,72 @@ suite_maintenance() {
     [ "$got" = 1 ] || fail "$got keys of scope short left, not 1"
     got=$(q "$PC" -c "SELECT count(*) FROM idempotency.outbox WHERE topic = 'lease' AND status = 'pending'")
     [ "$got" = 12 ] || fail "$got of 12 reclaimed rows pending"
+    suite_maintenance_sweep
     # the coordinator holds no shard: maintenance there does nothing
     got=$(q "$PC" -c "SELECT idem_reap(1000) + idem_sweep() + idem_reclaim_leases() + idem_purge_outbox(1000)")
     [ "$got" = 0 ] || fail "maintenance on the coordinator: $got"
     # health is one cluster-wide query from the coordinator
     got=$(q "$PC" -c "SELECT outbox_pending FROM idempotency.health") || fail "health on the coordinator"
     [ "${got:-0}" -ge 12 ] || fail "health: outbox_pending $got"
+}
+
+# The scheduled sweep on a worker: one run reads at most pages_per_run
+# pages of the node's shards of idempotency.keys (a slice may end one
+# shard and start the next), and the runs go round all of them, flagging
+# every stale key the node holds.  (Citus hides the shards from pg_class
+# unless citus.override_table_visibility is off.)
+suite_maintenance_sweep() {
+    local got pages stale runs fetched
+    local shards="pg_catalog.pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace
+                  AND c.relkind = 'r' AND c.relname ~ '^keys_[0-9]+\$'"
+    q "$PC" -c "INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint, status,
+                                              locked_at, completed_at, expires_at,
+                                              response_code, response_body)
+                SELECT 'sw' || (g % 64), 'sweep', 'done-' || g, sha256(g::text::bytea), 'succeeded',
+                       now() - interval '1 hour', now() - interval '1 hour', now() + interval '1 day',
+                       201, '{\"padding\": \"0123456789012345678901234567890123456789\"}'
+                  FROM generate_series(1, 20000) g" >/dev/null || { fail "sweep: finished keys"; return; }
+    q "$PC" -c "INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint, status,
+                                              locked_at, expires_at)
+                SELECT 'sw' || g, 'sweep', 'stale', sha256('s'::bytea), 'processing',
+                       now() - interval '1 hour', now() + interval '1 day'
+                  FROM generate_series(0, 63) g" >/dev/null || { fail "sweep: stale keys"; return; }
+    stale=$(q "$PC" -c "SELECT count(*) FROM generate_series(0, 63) g
+                         JOIN pg_catalog.pg_dist_shard_placement p
+                           ON p.shardid = get_shard_id_for_distribution_column('idempotency.keys', 'sw' || g)
+                        WHERE p.nodeport = $PW1")
+    pages=$(q "$PW1" -c "SET citus.override_table_visibility = off" \
+              -c "SELECT (sum(pg_catalog.pg_relation_size(c.oid)) / current_setting('block_size')::int)::bigint
+                           FROM $shards")
+    echo "  sweep on $PW1: $pages pages in its shards of keys, $stale stale keys"
+    [ "${pages:-0}" -gt 40 ] && [ "${stale:-0}" -gt 0 ] || { fail "sweep: $pages pages, $stale stale keys on $PW1"; return; }
+    q "$PW1" -c "UPDATE idempotency.sweep_state SET pages_per_run = 8, next_page = 0" >/dev/null ||
+        fail "sweep: pages_per_run"
+    for _ in 1 2; do
+        fetched=$(q "$PW1" <<SQL
+SET citus.override_table_visibility = off;
+SELECT pg_catalog.pg_stat_force_next_flush() \\g /dev/null
+BEGIN;
+SELECT idem_sweep() \\g /dev/null
+SELECT sum(pg_catalog.pg_stat_get_xact_blocks_fetched(c.oid))::bigint FROM $shards;
+COMMIT;
+SQL
+        )
+        echo "  one scheduled sweep on $PW1 read $fetched pages of $pages"
+        [ "${fetched:-999999}" -le 12 ] || fail "one scheduled sweep read $fetched pages (pages_per_run 8)"
+    done
+    got=$(q "$PW1" -c "SELECT next_page FROM idempotency.sweep_state")
+    [ "$got" = 16 ] || fail "sweep cursor after two runs: $got, not 16"
+    runs=$((pages / 8 + 4))
+    q "$PW1" -c "DO \$\$ BEGIN FOR i IN 1 .. $runs LOOP PERFORM idem_sweep(); END LOOP; END \$\$" ||
+        fail "sweep: $runs runs"
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys
+                       WHERE scope = 'sweep' AND idem_key = 'stale' AND needs_reconciliation")
+    [ "$got" = "$stale" ] || fail "the runs on $PW1 flagged $got stale keys, not $stale"
+    got=$(q "$PW1" -c "SELECT next_page < $pages FROM idempotency.sweep_state")
+    [ "$got" = t ] || fail "sweep cursor beyond the node's pages"
+    q "$PW1" -c "UPDATE idempotency.sweep_state SET pages_per_run = 16384, next_page = 0" >/dev/null
+    q "$PC" -c "DELETE FROM idempotency.keys WHERE scope = 'sweep'" >/dev/null
 }
 
 suite_restart() {
