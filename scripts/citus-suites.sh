@@ -2,7 +2,7 @@
 # a node), fail MESSAGE, the ports PC (coordinator), PW1 and PW2 (workers),
 # node_dir PORT, start_node PORT and $base (the cluster's directory).  Each
 # suite_NAME is one suite; they run in this order and build on each other.
-CITUS_SUITES="distribute lifecycle payments storm outbox maintenance restart"
+CITUS_SUITES="distribute lifecycle payments storm outbox maintenance move restart"
 
 # The port of the node holding the shard of tenant $1.
 shard_port() {
@@ -391,6 +391,62 @@ SQL
     [ "$got" = t ] || fail "sweep cursor beyond the node's pages"
     q "$PW1" -c "UPDATE idempotency.sweep_state SET pages_per_run = 16384, next_page = 0" >/dev/null
     q "$PC" -c "DELETE FROM idempotency.keys WHERE scope = 'sweep'" >/dev/null
+}
+
+# A tenant's shard group moves to the other worker
+# (citus_move_shard_placement, block_writes) while sessions are open on
+# the coordinator and on the worker it leaves: the key functions follow
+# it, a session that had cached the old placement included; the outbox
+# row moves with it and is claimed on the new node only; the node it left
+# answers for it no more.
+suite_move() {
+    local t=mover shard from to tok got
+    from=$(shard_port $t)
+    if [ "$from" = "$PW1" ]; then to=$PW2; else to=$PW1; fi
+    shard=$(q "$PC" -c "SELECT get_shard_id_for_distribution_column('idempotency.keys', '$t')")
+    tok=$(q "$PC" -c "SELECT idem_reserve('$t', 'move', 'k1', '{\"amount\": 1}')" | token)
+    q "$PC" -c "SELECT idem_complete('$t', 'move', 'k1', 201, '{\"ok\": true}', lock_token => '$tok')" >/dev/null ||
+        { fail "move: complete k1"; return; }
+    q "$PC" -c "SELECT outbox_enqueue('$t', 'move', '{\"n\": 1}')" >/dev/null || fail "move: enqueue"
+    echo "  tenant $t (shard $shard) moves from $from to $to"
+    # a coordinator session and a session on the node the tenant leaves
+    # both answer for it before the move, which the second runs itself in
+    # the middle (psql's \!), and after it; the nested call on the node it
+    # left (a function of its own, which Citus does not delegate) read the
+    # tenant's keys there before, and is refused after
+    rm -f "$base/move-ready" "$base/moved"
+    q "$PC" >"$base/move-coordinator.out" 2>&1 <<SQL &
+SELECT outcome FROM idem_reserve('$t', 'move', 'k1', '{"amount": 1}');
+\! touch $base/move-ready; while [ ! -e $base/moved ]; do sleep 0.1; done
+SELECT outcome FROM idem_reserve('$t', 'move', 'k1', '{"amount": 1}');
+SELECT outcome FROM idem_reserve('$t', 'move', 'k2', '{"amount": 1}');
+SQL
+    local coordinator=$!
+    got=$(q "$from" <<SQL 2>&1
+DO \$\$ BEGIN RAISE NOTICE 'before %', (SELECT outcome FROM idem_reserve('$t', 'move', 'k1', '{"amount": 1}')); END \$\$;
+\! while [ ! -e $base/move-ready ]; do sleep 0.1; done; psql -X -q -A -t -v ON_ERROR_STOP=1 -p $PC -c "SELECT citus_move_shard_placement($shard, '127.0.0.1', $from, '127.0.0.1', $to, shard_transfer_mode => 'block_writes')" >/dev/null; touch $base/moved
+DO \$\$ BEGIN RAISE NOTICE 'after %', (SELECT outcome FROM idem_reserve('$t', 'move', 'k1', '{"amount": 1}')); END \$\$;
+SQL
+    )
+    touch "$base/move-ready" "$base/moved"
+    wait $coordinator
+    case $got in *"before replay"*"shard of tenant"*"is not on this node"*) ;;
+        *) fail "move: a session on $from answered: $got" ;; esac
+    got=$(cat "$base/move-coordinator.out")
+    [ "$got" = "replay
+replay
+created" ] || { fail "move: the coordinator session answered: $got"; return; }
+    got=$(shard_port $t)
+    [ "$got" = "$to" ] || { fail "move: the shard is on $got, not $to"; return; }
+    # the new node answers from its shard, nested or not
+    got=$(q "$to" -c "DO \$\$ BEGIN RAISE NOTICE 'k1 %', (SELECT outcome FROM idem_reserve('$t', 'move', 'k1', '{\"amount\": 1}')); END \$\$" 2>&1)
+    case $got in *"k1 replay"*) ;; *) fail "move: a nested call on $to: $got" ;; esac
+    # the outbox row moved with the keys: the node it left has none to
+    # claim, the new node has it
+    got=$(q "$from" -c "SELECT count(*) FROM outbox_claim('old-node', 10, tenant => '$t')")
+    [ "$got" = 0 ] || fail "move: $got rows claimed on the node the tenant left"
+    got=$(q "$to" -c "SELECT count(*) FROM outbox_claim('new-node', 10, tenant => '$t')")
+    [ "$got" = 1 ] || fail "move: $got rows claimed on the tenant's new node, not 1"
 }
 
 suite_restart() {
