@@ -398,7 +398,8 @@ SQL
 # the coordinator and on the worker it leaves: the key functions follow
 # it, a session that had cached the old placement included; the outbox
 # row moves with it and is claimed on the new node only; the node it left
-# answers for it no more.
+# answers for it no more.  Then the tenant gets a shard of its own
+# (isolate_tenant_to_new_shard), under an open session again.
 suite_move() {
     local t=mover shard from to tok got
     from=$(shard_port $t)
@@ -441,6 +442,21 @@ created" ] || { fail "move: the coordinator session answered: $got"; return; }
     # the new node answers from its shard, nested or not
     got=$(q "$to" -c "DO \$\$ BEGIN RAISE NOTICE 'k1 %', (SELECT outcome FROM idem_reserve('$t', 'move', 'k1', '{\"amount\": 1}')); END \$\$" 2>&1)
     case $got in *"k1 replay"*) ;; *) fail "move: a nested call on $to: $got" ;; esac
+    # the tenant gets a shard of its own (isolate_tenant_to_new_shard) on
+    # that node while a session there is open, which read the tenant's
+    # keys before; k2, completed after the split, is replayed from the new
+    # shard, not answered from the old one Citus drops later
+    tok=$(q "$PC" -c "SELECT lock_token FROM idempotency.keys WHERE tenant_id = '$t' AND idem_key = 'k2'")
+    got=$(q "$to" <<SQL 2>&1
+DO \$\$ BEGIN RAISE NOTICE 'before %', (SELECT outcome FROM idem_reserve('$t', 'move', 'k1', '{"amount": 1}')); END \$\$;
+\! psql -X -q -A -t -v ON_ERROR_STOP=1 -p $PC -c "SELECT isolate_tenant_to_new_shard('idempotency.keys', '$t', cascade_option => 'CASCADE', shard_transfer_mode => 'block_writes')" -c "SELECT idem_complete('$t', 'move', 'k2', 201, '{}', lock_token => '$tok')" >/dev/null
+DO \$\$ BEGIN RAISE NOTICE 'after %', (SELECT outcome FROM idem_reserve('$t', 'move', 'k2', '{"amount": 1}')); END \$\$;
+SQL
+    )
+    case $got in *"before replay"*"after replay"*) ;;
+        *) fail "move: a session on $to across isolate_tenant_to_new_shard answered: $got" ;; esac
+    got=$(q "$PC" -c "SELECT get_shard_id_for_distribution_column('idempotency.keys', '$t') <> $shard")
+    [ "$got" = t ] || fail "move: the tenant has no shard of its own"
     # the outbox row moved with the keys: the node it left has none to
     # claim, the new node has it
     got=$(q "$from" -c "SELECT count(*) FROM outbox_claim('old-node', 10, tenant => '$t')")
