@@ -320,11 +320,21 @@ idem_interval_datum(Interval iv)
  * idem_check_name_length
  *		A tenant or scope name is part of the keys' primary key: refuse one
  *		over IDEM_MAX_NAME_LEN bytes (22001) before anything is written,
- *		rather than let the index refuse the row after the write began.
+ *		rather than let the index refuse the row after the write began.  An
+ *		empty name is refused too (22004), as an empty key is: it is what a
+ *		caller passes when it lost the tenant (a missing header or claim),
+ *		and every such call would share one tenant's keys and replays.
  */
 void
 idem_check_name_length(const char *what, const char *value)
 {
+	if (value[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be empty", what),
+				 errhint("Pass the %s the call is made for, such as \"%s\".",
+						 what, strcmp(what, "scope") == 0 ?
+						 "POST /v1/charges" : "acme")));
 	if (strlen(value) > IDEM_MAX_NAME_LEN)
 		ereport(ERROR,
 				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),

@@ -35,6 +35,14 @@ SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', NULL, '{}')$
 SELECT pg_temp.err($$SELECT idem_checkpoint('ke_a', 'orders', 'held', NULL)$$);
 SELECT pg_temp.err($$SELECT idem_release(NULL, 'orders', 'held')$$);
 SELECT pg_temp.err($$SELECT * FROM idem_lookup('ke_a', 'orders', NULL)$$);
+-- an empty tenant or scope (22004): a caller that lost its tenant must not
+-- share one tenant's keys and replays with every other such caller
+SELECT pg_temp.err($$SELECT idem_reserve('', 'orders', 'k', '{}'::jsonb)$$);
+SELECT pg_temp.err($$SELECT idem_reserve('ke_a', '', 'k', '{}'::jsonb)$$);
+SELECT pg_temp.err($$SELECT idem_complete('', 'orders', 'held', 200, '{}')$$);
+SELECT pg_temp.err($$SELECT * FROM idem_lookup('ke_a', '', 'held')$$);
+SELECT pg_temp.err($$SELECT outbox_enqueue('', 'payment.capture', '{}')$$);
+SELECT pg_temp.err($$SELECT count(*) FROM outbox_claim('w', 1, tenant => '')$$);
 -- a tenant or scope over 255 bytes (22001), before anything is written
 SELECT pg_temp.err(format('SELECT idem_reserve(%L, %L, %L, fingerprint => sha256(%L))',
                           repeat('t', 256), 'orders', 'k', 'x'));
