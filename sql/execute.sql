@@ -97,6 +97,17 @@ SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', NULL, 'e
 SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', '', '{}', 'ex.create_order')$$);
 SELECT count(*) AS keys FROM idempotency.keys WHERE idem_key = 'k-6';
 
+-- a handler whose name is overloaded is ambiguous by name (42725, before
+-- anything is written); its signature, cast to regprocedure, names it
+CREATE FUNCTION ex.ov(tenant text, key text, request jsonb) RETURNS idempotency.response
+LANGUAGE sql AS $$ SELECT ROW(201, '{"ov": 3}'::jsonb, NULL::jsonb)::idempotency.response $$;
+CREATE FUNCTION ex.ov(request jsonb) RETURNS idempotency.response
+LANGUAGE sql AS $$ SELECT ROW(201, '{"ov": 1}'::jsonb, NULL::jsonb)::idempotency.response $$;
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-ov', '{}', 'ex.ov')$$);
+SELECT count(*) AS keys FROM idempotency.keys WHERE idem_key = 'k-ov';
+SELECT outcome, response_code, response_body
+  FROM idem_execute('ex_a', 'POST /orders', 'k-ov', '{}', 'ex.ov(text, text, jsonb)'::regprocedure);
+
 -- the handler runs as the caller: an application role needs EXECUTE on it
 -- and the privileges its body uses; the key table stays out of its reach
 CREATE ROLE ex_app IN ROLE idempotency_app;
