@@ -251,10 +251,10 @@ SELECT k.processing,
        k.stale_processing,
        k.needs_reconciliation,
        k.expired_keys,
-       o.outbox_pending,
-       o.outbox_oldest_pending_age,
-       o.outbox_leased,
-       o.outbox_dead
+       op.outbox_pending,
+       oa.outbox_oldest_pending_age,
+       ol.outbox_leased,
+       od.outbox_dead
   FROM (SELECT pg_catalog.count(*) FILTER (
                    WHERE k.status OPERATOR(pg_catalog.=) 'processing')
                    AS processing,
@@ -280,17 +280,20 @@ SELECT k.processing,
                    AS expired_keys
           FROM idempotency.keys k
           LEFT JOIN idempotency.scopes s ON s.scope OPERATOR(pg_catalog.=) k.scope) k,
-       (SELECT pg_catalog.count(*) FILTER (WHERE o.status OPERATOR(pg_catalog.=) 'pending')
-                   AS outbox_pending,
-               pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(o.available_at) FILTER (
-                   WHERE o.status OPERATOR(pg_catalog.=) 'pending'
-                     AND o.available_at OPERATOR(pg_catalog.<=) pg_catalog.now())
-                   AS outbox_oldest_pending_age,
-               pg_catalog.count(*) FILTER (WHERE o.status OPERATOR(pg_catalog.=) 'leased')
-                   AS outbox_leased,
-               pg_catalog.count(*) FILTER (WHERE o.status OPERATOR(pg_catalog.=) 'dead')
-                   AS outbox_dead
-          FROM idempotency.outbox o) o;
+       (SELECT pg_catalog.count(*) AS outbox_pending
+          FROM idempotency.outbox o
+         WHERE o.status OPERATOR(pg_catalog.=) 'pending') op,
+       (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(o.available_at)
+                   AS outbox_oldest_pending_age
+          FROM idempotency.outbox o
+         WHERE o.status OPERATOR(pg_catalog.=) 'pending'
+           AND o.available_at OPERATOR(pg_catalog.<=) pg_catalog.now()) oa,
+       (SELECT pg_catalog.count(*) AS outbox_leased
+          FROM idempotency.outbox o
+         WHERE o.status OPERATOR(pg_catalog.=) 'leased') ol,
+       (SELECT pg_catalog.count(*) AS outbox_dead
+          FROM idempotency.outbox o
+         WHERE o.status OPERATOR(pg_catalog.=) 'dead') od;
 COMMENT ON VIEW idempotency.health IS
     'stuck reservations, reconciliation backlog, reap backlog and outbox depth';
 REVOKE ALL ON idempotency.health FROM PUBLIC;

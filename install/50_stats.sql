@@ -38,8 +38,12 @@ COMMENT ON FUNCTION idem_stats_reset() IS
 
 /*
  * The state an operator watches: what is stuck, what needs a human, what
- * is waiting to leave.  One pass over each table; the view runs with its
- * owner's rights, so pg_monitor needs no access to the tables themselves.
+ * is waiting to leave.  One pass over the keys (a key's status has no
+ * index, see 20_keys.sql); the outbox's figures each come from a partial
+ * index (outbox_claim_idx for pending and leased rows, outbox_dead_idx for
+ * dead ones), so they cost what the backlog holds, not the delivered rows
+ * kept for idempotency.outbox_retention.  The view runs with its owner's
+ * rights, so pg_monitor needs no access to the tables themselves.
  */
 CREATE VIEW idempotency.health AS
 SELECT k.processing,
@@ -47,10 +51,10 @@ SELECT k.processing,
        k.stale_processing,
        k.needs_reconciliation,
        k.expired_keys,
-       o.outbox_pending,
-       o.outbox_oldest_pending_age,
-       o.outbox_leased,
-       o.outbox_dead
+       op.outbox_pending,
+       oa.outbox_oldest_pending_age,
+       ol.outbox_leased,
+       od.outbox_dead
   FROM (SELECT pg_catalog.count(*) FILTER (
                    WHERE k.status OPERATOR(pg_catalog.=) 'processing')
                    AS processing,
@@ -76,17 +80,20 @@ SELECT k.processing,
                    AS expired_keys
           FROM idempotency.keys k
           LEFT JOIN idempotency.scopes s ON s.scope OPERATOR(pg_catalog.=) k.scope) k,
-       (SELECT pg_catalog.count(*) FILTER (WHERE o.status OPERATOR(pg_catalog.=) 'pending')
-                   AS outbox_pending,
-               pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(o.available_at) FILTER (
-                   WHERE o.status OPERATOR(pg_catalog.=) 'pending'
-                     AND o.available_at OPERATOR(pg_catalog.<=) pg_catalog.now())
-                   AS outbox_oldest_pending_age,
-               pg_catalog.count(*) FILTER (WHERE o.status OPERATOR(pg_catalog.=) 'leased')
-                   AS outbox_leased,
-               pg_catalog.count(*) FILTER (WHERE o.status OPERATOR(pg_catalog.=) 'dead')
-                   AS outbox_dead
-          FROM idempotency.outbox o) o;
+       (SELECT pg_catalog.count(*) AS outbox_pending
+          FROM idempotency.outbox o
+         WHERE o.status OPERATOR(pg_catalog.=) 'pending') op,
+       (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(o.available_at)
+                   AS outbox_oldest_pending_age
+          FROM idempotency.outbox o
+         WHERE o.status OPERATOR(pg_catalog.=) 'pending'
+           AND o.available_at OPERATOR(pg_catalog.<=) pg_catalog.now()) oa,
+       (SELECT pg_catalog.count(*) AS outbox_leased
+          FROM idempotency.outbox o
+         WHERE o.status OPERATOR(pg_catalog.=) 'leased') ol,
+       (SELECT pg_catalog.count(*) AS outbox_dead
+          FROM idempotency.outbox o
+         WHERE o.status OPERATOR(pg_catalog.=) 'dead') od;
 COMMENT ON VIEW idempotency.health IS
     'stuck reservations, reconciliation backlog, reap backlog and outbox depth';
 
