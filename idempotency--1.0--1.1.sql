@@ -742,6 +742,16 @@ CREATE UNIQUE INDEX outbox_dedup_idx ON idempotency.outbox (tenant_id, topic, de
 CREATE INDEX outbox_ordering_idx ON idempotency.outbox (tenant_id, ordering_key, id)
     WHERE status IN ('pending', 'leased', 'dead') AND ordering_key IS NOT NULL;
 
+/*
+ * Delivered rows kept for idempotency.outbox_retention, by the time they
+ * were delivered: the purge (idem_purge_outbox, idem_maintain) deletes the
+ * oldest through it, so a run reads what it deletes instead of the whole
+ * table (which holds every row delivered within the retention, millions
+ * on a busy outbox).  Only a done-marking ack enters it.
+ */
+CREATE INDEX outbox_done_idx ON idempotency.outbox (done_at)
+    WHERE status = 'done';
+
 DROP FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int);
 
 CREATE FUNCTION @extschema@.outbox_enqueue(tenant text, topic text, payload jsonb,

@@ -177,12 +177,17 @@ static const char *reclaim_sql =
 "        lease_token = NULL, lease_until = NULL"
 "  WHERE o.ctid = ANY (ARRAY(SELECT row_id FROM expired))";
 
-/* One batch of delivered outbox rows older than the retention ($2). */
+/*
+ * One batch of delivered outbox rows older than the retention ($2), oldest
+ * first, through outbox_done_idx: a batch reads the rows it deletes, not
+ * the rows delivered within the retention.
+ */
 static const char *purge_sql =
 "WITH old AS ("
 "    SELECT o.ctid AS row_id"
 "      FROM idempotency.outbox o"
 "     WHERE o.status = 'done' AND o.done_at < now() - $2"
+"     ORDER BY o.done_at"
 "     LIMIT $1"
 "       FOR UPDATE SKIP LOCKED)"
 " DELETE FROM idempotency.outbox o"

@@ -68,6 +68,16 @@ CREATE INDEX outbox_dead_idx ON idempotency.outbox (tenant_id, id)
     WHERE status = 'dead';
 
 /*
+ * Delivered rows kept for idempotency.outbox_retention, by the time they
+ * were delivered: the purge (idem_purge_outbox, idem_maintain) deletes the
+ * oldest through it, so a run reads what it deletes instead of the whole
+ * table (which holds every row delivered within the retention, millions
+ * on a busy outbox).  Only a done-marking ack enters it.
+ */
+CREATE INDEX outbox_done_idx ON idempotency.outbox (done_at)
+    WHERE status = 'done';
+
+/*
  * Rows that used up their attempts, waiting for an operator: fix the cause,
  * then outbox_requeue(tenant, id).
  */

@@ -93,6 +93,30 @@ SELECT pg_stat_get_xact_tuples_inserted('idempotency.outbox'::regclass)
 ROLLBACK;
 DELETE FROM idempotency.outbox WHERE tenant_id = 'maint-m' AND topic = 'in-block';
 
+-- a purge reads the rows it deletes (outbox_done_idx), not the delivered
+-- rows kept within the retention
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
+                                max_attempts, done_at)
+SELECT 'maint-p', 'recent', '{"padding": "0123456789012345678901234567890123456789"}',
+       'done', 1, 5, now() - interval '1 day'
+  FROM generate_series(1, 20000);
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
+                                max_attempts, done_at)
+SELECT 'maint-p', 'old', '{}', 'done', 1, 5, now() - interval '8 days' - g * interval '1 hour'
+  FROM generate_series(1, 3) g;
+ANALYZE idempotency.outbox;
+SELECT pg_stat_force_next_flush();
+BEGIN;
+SELECT idem_purge_outbox(1000) AS purged;
+SELECT pg_relation_size('idempotency.outbox') / current_setting('block_size')::int > 100
+           AS many_pages,
+       pg_stat_get_xact_blocks_fetched('idempotency.outbox'::regclass) <= 12
+           AS reads_what_it_deletes;
+COMMIT;
+SELECT topic, count(*) FROM idempotency.outbox WHERE tenant_id = 'maint-p'
+ GROUP BY topic ORDER BY topic;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'maint-p';
+
 -- errors, before anything is done
 CALL idem_maintain('0 seconds');
 CALL idem_maintain(NULL);
