@@ -752,6 +752,16 @@ CREATE INDEX outbox_ordering_idx ON idempotency.outbox (tenant_id, ordering_key,
 CREATE INDEX outbox_done_idx ON idempotency.outbox (done_at)
     WHERE status = 'done';
 
+/*
+ * The claim path of a worker that asks for one topic: that topic's due
+ * rows, oldest first, without reading the due rows of the others, so that
+ * a backlog of one topic (its workers stopped) does not slow down the
+ * workers of the rest.  Same predicate as outbox_claim_idx; outbox.c
+ * names the topic as an equality for the planner to use it.
+ */
+CREATE INDEX outbox_topic_claim_idx ON idempotency.outbox (topic, available_at)
+    WHERE status IN ('pending', 'leased');
+
 DROP FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int);
 
 CREATE FUNCTION @extschema@.outbox_enqueue(tenant text, topic text, payload jsonb,

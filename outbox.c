@@ -469,9 +469,9 @@ static SPIPlanPtr enqueue_plan = NULL;
 static SPIPlanPtr enqueue_v10_plan = NULL;
 static SPIPlanPtr enqueue_dedup_plan = NULL;
 static SPIPlanPtr dedup_lookup_plan = NULL;
-static SPIPlanPtr lock_plans[8] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+static SPIPlanPtr lock_plans[32];
 static SPIPlanPtr lease_plans[2] = {NULL, NULL};
-static SPIPlanPtr claim_one_plans[16];
+static SPIPlanPtr claim_one_plans[32];
 static SPIPlanPtr ack_plan = NULL;
 static SPIPlanPtr ack_delete_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
@@ -486,6 +486,7 @@ static SPIPlanPtr nack_many_plan = NULL;
 #define CLAIM_FILTER_TENANT 2
 #define CLAIM_ORDERED 4			/* the table has ordering_key (1.1) */
 #define CLAIM_TOKEN_FN 8			/* idempotency.new_lease_token() exists */
+#define CLAIM_ONE_TOPIC 16			/* with CLAIM_FILTER_TOPICS: one topic */
 #define OUTBOX_V11(filters) (((filters) & CLAIM_TOKEN_FN) ? 1 : 0)
 
 /* A row locked by outbox_claim, and its place in the result. */
@@ -1292,9 +1293,11 @@ static void outbox_claim_emit(TupleDesc source, HeapTuple *ordered, uint64 n,
 
 /*
  * The filters of a claim: CLAIM_FILTER_TOPICS when "topics" (a text[]
- * Datum, or 0 for any) is given, CLAIM_FILTER_TENANT when "tenant" is,
- * CLAIM_ORDERED when the table has ordering_key.  Sets the statement's
- * values and nulls for both, at "values[0]" and "values[1]".
+ * Datum, or 0 for any) is given, with CLAIM_ONE_TOPIC when it holds one
+ * topic (a one-dimensional array of one non-null element from index 1),
+ * CLAIM_FILTER_TENANT when "tenant" is given, CLAIM_ORDERED when the table
+ * has ordering_key.  Sets the statement's values and nulls for both, at
+ * "values[0]" and "values[1]".
  */
 static int
 outbox_claim_filters(Datum topics, const char *tenant, Datum *values,
@@ -1308,7 +1311,13 @@ outbox_claim_filters(Datum topics, const char *tenant, Datum *values,
 	nulls[1] = 'n';
 	if (topics != (Datum) 0)
 	{
+		ArrayType  *arr = DatumGetArrayTypeP(topics);
+
 		filters |= CLAIM_FILTER_TOPICS;
+		if (ARR_NDIM(arr) == 1 && ARR_DIMS(arr)[0] == 1 &&
+			ARR_LBOUND(arr)[0] == 1 && !ARR_HASNULL(arr))
+			filters |= CLAIM_ONE_TOPIC;
+		values[0] = PointerGetDatum(arr);
 		nulls[0] = ' ';
 	}
 	if (tenant != NULL)
@@ -1326,6 +1335,10 @@ outbox_claim_filters(Datum topics, const char *tenant, Datum *values,
  * Format a claim statement, "format" with three %s (topics, tenant,
  * ordering), for "filters"; the topics are parameter $"param", the tenant
  * $"param" + 1.  The fragments are fixed: one saved plan per combination.
+ * One topic is an equality, which outbox_topic_claim_idx serves in
+ * available_at order without reading other topics' due rows; several are
+ * "= ANY", read through outbox_claim_idx in available_at order (an index
+ * on the topic would return each topic's rows apart, to be sorted whole).
  */
 static void
 outbox_claim_sql(char *sql, size_t len, const char *format, int filters,
@@ -1334,7 +1347,9 @@ outbox_claim_sql(char *sql, size_t len, const char *format, int filters,
 	char		topics[64];
 	char		tenant[64];
 
-	if (filters & CLAIM_FILTER_TOPICS)
+	if (filters & CLAIM_ONE_TOPIC)
+		snprintf(topics, sizeof(topics), " AND c.topic = ($%d)[1]", param);
+	else if (filters & CLAIM_FILTER_TOPICS)
 		snprintf(topics, sizeof(topics), " AND c.topic = ANY ($%d)", param);
 	else
 		snprintf(topics, sizeof(topics), " AND $%d::text[] IS NULL", param);

@@ -49,6 +49,16 @@ CREATE INDEX outbox_claim_idx ON idempotency.outbox (available_at)
     WHERE status IN ('pending', 'leased');
 
 /*
+ * The claim path of a worker that asks for one topic: that topic's due
+ * rows, oldest first, without reading the due rows of the others, so that
+ * a backlog of one topic (its workers stopped) does not slow down the
+ * workers of the rest.  Same predicate as outbox_claim_idx; outbox.c
+ * names the topic as an equality for the planner to use it.
+ */
+CREATE INDEX outbox_topic_claim_idx ON idempotency.outbox (topic, available_at)
+    WHERE status IN ('pending', 'leased');
+
+/*
  * Deduplicated enqueue: one row per tenant, topic and dedup_key, for as
  * long as the row exists.  outbox.c's ON CONFLICT names this predicate.
  */

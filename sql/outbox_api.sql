@@ -103,6 +103,33 @@ SELECT tenant_id, topic FROM outbox_claim('w', 10, '1 minute', topics => '{obx.s
 SELECT tenant_id, topic FROM outbox_claim('w', 10, '1 minute', topics => '{obx.mail,obx.sms,obx.push}')
  ORDER BY 1, 2;
 SELECT count(*) FROM outbox_claim('w', 10, '1 minute', topics => '{}');
+DELETE FROM idempotency.outbox WHERE tenant_id IN ('obx_a', 'obx_b');
+
+-- a backlog of one topic does not slow down the workers of another: a
+-- claim of one topic reads its own due rows (outbox_topic_claim_idx), not
+-- the older due rows of the other topics
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, max_attempts, available_at)
+SELECT 'obx_a', 'obx.bulk', '{"padding": "0123456789012345678901234567890123456789"}', 5,
+       now() - interval '1 hour' + g * interval '1 millisecond'
+  FROM generate_series(1, 20000) g;
+SELECT count(outbox_enqueue('obx_a', 'obx.urgent', jsonb_build_object('n', g)))
+  FROM generate_series(1, 4) g;
+VACUUM ANALYZE idempotency.outbox;
+SELECT pg_stat_force_next_flush();
+BEGIN;
+SELECT payload->>'n' AS n FROM outbox_claim('w', 2, '1 minute', topics => '{obx.urgent}')
+ ORDER BY 1;
+SELECT payload->>'n' AS n FROM outbox_claim('w', 1, '1 minute', topics => '{obx.urgent}');
+SELECT pg_relation_size('idempotency.outbox') / current_setting('block_size')::int > 100
+           AS many_pages,
+       pg_stat_get_xact_blocks_fetched('idempotency.outbox'::regclass) <= 40
+           AS reads_its_topic;
+COMMIT;
+-- one topic at another index of the array, and several topics: the same
+-- rows as before, oldest first
+SELECT payload->>'n' AS n FROM outbox_claim('w', 2, '1 minute', topics => '[0:0]={obx.urgent}');
+SELECT topic, count(*) FROM outbox_claim('w', 2, '1 minute', topics => '{obx.urgent,obx.bulk}')
+ GROUP BY topic ORDER BY topic;
 
 -- idempotency.tenant binds the session: a NULL tenant means that tenant, and
 -- naming another one is refused
