@@ -1246,16 +1246,20 @@ reserve_flag_stale(KeyIdent *id)
 /*
  * Count the live keys of the key's tenant and scope: in flight, or not yet
  * expired at "now".  Sets *earliest_expiry to the earliest expiry of the
- * finished ones (0 when there are none).
+ * finished ones (0 when there are none), and *mark to the pair's
+ * admissions (idem_quota_mark) read just before the count's snapshot.
  */
 static int64
-keys_count_live(KeyIdent *id, TimestampTz now, TimestampTz *earliest_expiry)
+keys_count_live(KeyIdent *id, TimestampTz now, TimestampTz *earliest_expiry,
+				uint64 *mark)
 {
 	Oid			argtypes[3] = {TEXTOID, TEXTOID, TIMESTAMPTZOID};
 	Datum		values[3];
 	bool		isnull;
 	Datum		d;
 	int64		live;
+	Snapshot	snapshot;
+	int			rc;
 
 	idem_saved_plan(&plan_count_live,
 					"SELECT pg_catalog.count(*),"
@@ -1269,8 +1273,24 @@ keys_count_live(KeyIdent *id, TimestampTz now, TimestampTz *earliest_expiry)
 	values[0] = id->values[0];
 	values[1] = id->values[1];
 	values[2] = TimestampTzGetDatum(now);
-	/* not read-only: the transaction's own new keys count */
-	idem_spi_execute(plan_count_live, values, NULL, false, 1);
+
+	/*
+	 * The mark and the snapshot are taken one right after the other, once
+	 * the plan is ready: a key admitted after the mark is counted twice only
+	 * if it commits between the two, not while the count is planned or
+	 * waits for the CPU.  The snapshot is the latest, not the transaction's:
+	 * under REPEATABLE READ the transaction's snapshot would miss the keys
+	 * committed since it began, and the tenant would pass its quota.  Not
+	 * read-only: the transaction's own new keys count.
+	 */
+	*mark = idem_quota_mark(id->tenant, id->scope);
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	rc = SPI_execute_snapshot(plan_count_live, values, NULL, snapshot,
+							  InvalidSnapshot, false, false, 1);
+	UnregisterSnapshot(snapshot);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_snapshot failed: %s",
+			 SPI_result_code_string(rc));
 	live = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 									   SPI_tuptable->tupdesc, 1, &isnull));
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
@@ -1302,9 +1322,7 @@ reserve_quota_admit(KeyIdent *id, const ScopePolicy *policy, TimestampTz now,
 		case IDEM_QUOTA_RECOUNT:
 			break;
 	}
-	/* as late as possible: a key that commits before the count is in both */
-	mark = idem_quota_mark(id->tenant, id->scope);
-	live = keys_count_live(id, now, &earliest_expiry);
+	live = keys_count_live(id, now, &earliest_expiry, &mark);
 	return idem_quota_recounted(id->tenant, id->scope, policy->max_live_keys,
 								live, earliest_expiry, mark, retry_after);
 }
