@@ -148,6 +148,22 @@ suite_lifecycle() {
         case $got in *"is bound to tenant \"acme\""*) ;; *) fail "the bound role for tenant $t: $got" ;; esac
     done
 
+    # a quota of live keys holds on the tenant's worker: its count reads the
+    # tenant's shard there, and the admissions are that node's shared memory
+    q "$PC" -c "SELECT idem_configure_scope('quota', '{\"max_live_keys\": 2}')" >/dev/null ||
+        fail "configuring a quota"
+    local answers=
+    for k in q1 q2 q3; do
+        answers="$answers $(q "$PC" -c "SELECT idem_reserve('acme', 'quota', '$k', '{}')" | outcome)"
+    done
+    [ "$answers" = " created created rate_limited" ] || fail "quota of 2 live keys: [$answers]"
+    # a count a second later still sees the two keys in the shard
+    sleep 1.1
+    got=$(q "$PC" -c "SELECT idem_reserve('acme', 'quota', 'q4', '{}')" | outcome)
+    [ "$got" = rate_limited ] || fail "quota of 2 live keys after a recount: $got"
+    got=$(q "$port" -c "SELECT count(*) FROM idempotency.keys_$shard WHERE tenant_id = 'acme' AND scope = 'quota'")
+    [ "$got" = 2 ] || fail "keys of the quota's scope in idempotency.keys_$shard on $port: $got"
+
     # on a node without the tenant's shard the key functions refuse to run
     # (here the coordinator: Citus does not delegate a call nested in a block)
     got=$(q "$PC" -c "DO \$\$ BEGIN PERFORM idem_reserve('acme', 'charge', 'k3', '{}'); END \$\$" 2>&1)
@@ -340,7 +356,7 @@ suite_maintenance() {
 # every stale key the node holds.  (Citus hides the shards from pg_class
 # unless citus.override_table_visibility is off.)
 suite_maintenance_sweep() {
-    local got pages stale runs fetched
+    local got pages stale runs fetched flagged
     local shards="pg_catalog.pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace
                   AND c.relkind = 'r' AND c.relname ~ '^keys_[0-9]+\$'"
     q "$PC" -c "INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint, status,
@@ -366,18 +382,22 @@ suite_maintenance_sweep() {
     [ "${pages:-0}" -gt 40 ] && [ "${stale:-0}" -gt 0 ] || { fail "sweep: $pages pages, $stale stale keys on $PW1"; return; }
     q "$PW1" -c "UPDATE idempotency.sweep_state SET pages_per_run = 8, next_page = 0" >/dev/null ||
         fail "sweep: pages_per_run"
+    # a run reads its 8 pages, and each key it flags once more (a few
+    # fetches of that key's page to lock and update it)
     for _ in 1 2; do
-        fetched=$(q "$PW1" <<SQL
+        set -- $(q "$PW1" -F ' ' <<SQL
 SET citus.override_table_visibility = off;
 SELECT pg_catalog.pg_stat_force_next_flush() \\g /dev/null
 BEGIN;
-SELECT idem_sweep() \\g /dev/null
-SELECT sum(pg_catalog.pg_stat_get_xact_blocks_fetched(c.oid))::bigint FROM $shards;
+SELECT idem_sweep() AS flagged \\gset
+SELECT sum(pg_catalog.pg_stat_get_xact_blocks_fetched(c.oid))::bigint, :flagged FROM $shards;
 COMMIT;
 SQL
         )
-        echo "  one scheduled sweep on $PW1 read $fetched pages of $pages"
-        [ "${fetched:-999999}" -le 12 ] || fail "one scheduled sweep read $fetched pages (pages_per_run 8)"
+        fetched=${1:-999999} flagged=${2:-0}
+        echo "  one scheduled sweep on $PW1 read $fetched pages of $pages, flagged $flagged keys"
+        [ "$fetched" -le $((12 + 4 * flagged)) ] ||
+            fail "one scheduled sweep read $fetched pages (pages_per_run 8) to flag $flagged keys"
     done
     got=$(q "$PW1" -c "SELECT next_page FROM idempotency.sweep_state")
     [ "$got" = 16 ] || fail "sweep cursor after two runs: $got, not 16"
