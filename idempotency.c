@@ -396,6 +396,8 @@ idem_bind_tenant(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("tenant must not be empty"),
 				 errhint("Pass the tenant the role acts for.")));
+	/* a tenant no function accepts would leave the role no tenant at all */
+	idem_check_name_length("tenant", text_to_cstring(PG_GETARG_TEXT_PP(1)));
 	idem_spi_connect();
 	idem_saved_plan(&plan,
 					"INSERT INTO idempotency.tenant_bindings AS b (role, tenant)"

@@ -1063,6 +1063,7 @@ outbox_enqueue_args(FunctionCallInfo fcinfo, OutboxEnqueueArgs *a)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("outbox scope must not be empty"),
 					 errhint("Pass the scope of the idempotency key, or NULL for none.")));
+		idem_check_name_length("scope", a->scope);
 		if (a->key == NULL)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -223,7 +223,12 @@ BEGIN
             USING ERRCODE = 'string_data_right_truncation',
                   HINT = 'Use a shorter scope; tenants and scopes are names, such as "acme" or "POST /v1/charges".';
     END IF;
-    IF options IS NULL OR pg_catalog.jsonb_typeof(options) <> 'object' THEN
+    IF options IS NULL THEN
+        RAISE EXCEPTION 'scope options must not be null'
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Pass an object such as {"ttl": "1 day"}; {} keeps every option as it is.';
+    END IF;
+    IF pg_catalog.jsonb_typeof(options) <> 'object' THEN
         RAISE EXCEPTION 'scope options must be a JSON object'
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Pass an object such as {"ttl": "1 day", "stale_action": "takeover"}.';
@@ -247,14 +252,33 @@ BEGIN
                       HINT = 'Pass an interval as text, such as "1 day", or a number of seconds.';
         END IF;
         IF pg_catalog.jsonb_typeof(v) = 'number' THEN
-            iv := pg_catalog.make_interval(secs => (v #>> '{}')::float8);
+            -- compared as numeric first: a number out of range is no error of the cast
+            IF (v #>> '{}')::numeric <= 0 THEN
+                iv := interval '0';
+            ELSIF (v #>> '{}')::numeric > 31104000000 THEN
+                iv := NULL;
+            ELSE
+                iv := pg_catalog.make_interval(secs => (v #>> '{}')::float8);
+            END IF;
         ELSE
-            iv := (v #>> '{}')::interval;
+            BEGIN
+                iv := (v #>> '{}')::interval;
+            EXCEPTION WHEN data_exception THEN
+                RAISE EXCEPTION 'scope option "%" is not an interval: "%"', opt, v #>> '{}'
+                    USING ERRCODE = 'invalid_parameter_value',
+                          HINT = 'Pass an interval as text, such as "1 day" or "90 seconds", or a number of seconds.';
+            END;
         END IF;
         IF iv <= interval '0' THEN
             RAISE EXCEPTION 'scope option "%" must be positive', opt
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Pass a positive interval, or null for the default.';
+        END IF;
+        -- expires_at and the staleness of a lock are timestamps: keep them in range
+        IF iv IS NULL OR iv > interval '1000 years' THEN
+            RAISE EXCEPTION 'scope option "%" must be at most 1000 years', opt
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass an interval such as "30 days", or null for the default.';
         END IF;
         IF opt = 'ttl' THEN
             p_ttl := iv;

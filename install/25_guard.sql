@@ -5,8 +5,9 @@
  * Trigger function for business tables: a write from a transaction that
  * holds no reservation in one of the scopes given as trigger arguments
  * (any scope without arguments) fails with SQLSTATE ID001.  It reads no
- * table and can only run as a trigger, so EXECUTE stays with PUBLIC: every
- * table owner may attach it.
+ * table and can only run as a trigger.  EXECUTE is checked when a trigger
+ * is created, not when it fires: application and admin roles may attach
+ * it, and every writer of a guarded table is held to it.
  */
 CREATE FUNCTION idem_require_reservation()
 RETURNS trigger
@@ -25,6 +26,9 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idem_guard_bypass(text) IS
 'let the rest of this transaction write to guarded tables without a reservation (logged with the reason)';
 
+REVOKE ALL ON FUNCTION idem_require_reservation() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_require_reservation()
+    TO idempotency_app, idempotency_admin;
 REVOKE ALL ON FUNCTION idem_guard_bypass(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idem_guard_bypass(text) TO idempotency_admin;
 

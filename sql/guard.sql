@@ -126,6 +126,30 @@ SELECT pg_temp.err($$DELETE FROM shop.charges WHERE id = 6$$);
 RESET ROLE;
 SELECT id, amount FROM shop.charges ORDER BY id;
 
+-- attaching the guard takes EXECUTE on it (application and admin roles
+-- have it); a writer without it is held to the guard all the same
+CREATE ROLE guard_plain;
+CREATE ROLE guard_owner IN ROLE idempotency_app;
+GRANT USAGE, CREATE ON SCHEMA shop TO guard_plain, guard_owner;
+SET ROLE guard_plain;
+CREATE TABLE shop.plain_notes (id int);
+SELECT pg_temp.err($$CREATE TRIGGER notes_need_key BEFORE INSERT ON shop.plain_notes
+    FOR EACH ROW EXECUTE FUNCTION idem_require_reservation()$$);
+DROP TABLE shop.plain_notes;
+RESET ROLE;
+SET ROLE guard_owner;
+CREATE TABLE shop.owned_notes (id int);
+CREATE TRIGGER notes_need_key BEFORE INSERT ON shop.owned_notes
+    FOR EACH ROW EXECUTE FUNCTION idem_require_reservation();
+GRANT INSERT ON shop.owned_notes TO guard_plain;
+RESET ROLE;
+SET ROLE guard_plain;
+SELECT pg_temp.err($$INSERT INTO shop.owned_notes VALUES (1)$$);
+RESET ROLE;
+DROP TABLE shop.owned_notes;
+REVOKE ALL ON SCHEMA shop FROM guard_plain, guard_owner;
+DROP ROLE guard_plain, guard_owner;
+
 -- called directly, it says what it is
 SELECT pg_temp.err($$SELECT idem_require_reservation()$$);
 

@@ -117,7 +117,24 @@ SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"cache_server_err
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"stale_action": "retry"}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"fingerprint_ignore": ["ts"]}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"fingerprint_ignore": ["/a~2"]}')$$);
+-- NULL options (22004); intervals that do not parse, or whose expiry would
+-- leave the timestamp range, are refused here, not at every later reserve
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', NULL)$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": "banana"}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"lock_timeout": "5 fortnights"}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": "300000 years"}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"lock_timeout": "1001 years"}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": 1e30}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": 1e400}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": -1e400}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": "-1 day"}')$$);
 SELECT count(*) AS scopes_written FROM idempotency.scopes WHERE scope = 'ke_scope';
+
+-- the limits themselves are accepted, and a key in such a scope expires in range
+SELECT ttl, lock_timeout FROM idem_configure_scope('ke_scope_max', '{"ttl": "1000 years", "lock_timeout": 31104000000}');
+SELECT outcome, expires_at > now() + interval '999 years' AS far FROM idem_reserve('ke_a', 'ke_scope_max', 'far', '{}');
+DELETE FROM idempotency.keys WHERE tenant_id = 'ke_a' AND scope = 'ke_scope_max';
+DELETE FROM idempotency.scopes WHERE scope = 'ke_scope_max';
 
 -- none of the failed calls wrote anything
 SELECT count(*) - :rows_before AS new_rows FROM idempotency.keys

@@ -155,6 +155,7 @@ SELECT pg_temp.outbox_error(format('SELECT outbox_enqueue(%L, %L, %L, key => %L)
 SELECT pg_temp.outbox_error(format('SELECT outbox_enqueue(%L, %L, %L, key => %L)', 'obx_a', 'obx.x', '{}', E'caf\u00e9'));
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', ''{}'', scope => ''s'')');
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', ''{}'', key => ''k'', scope => '''')');
+SELECT pg_temp.outbox_error(format('SELECT outbox_enqueue(%L, %L, %L, key => %L, scope => %L)', 'obx_a', 'obx.x', '{}', 'k', repeat('s', 256)));
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', ''{}'', deliver_after => ''-1 second'')');
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', ''{}'', max_attempts => 0)');
 SET idempotency.max_payload_size = '1kB';

@@ -98,6 +98,9 @@ SELECT status, response_body, recovery_point FROM idempotency.keys
  WHERE tenant_id = 'sec_t' AND idem_key = 'held';
 
 -- a role bound to a tenant acts for that tenant only, whatever it SETs
+-- a tenant no function would accept is refused (22001), before anything is written
+SELECT pg_temp.try_as('sec_admin', format('SELECT idem_bind_tenant(%L, %L)', 'sec_bound', repeat('t', 256)));
+SELECT count(*) AS bindings FROM idempotency.tenant_bindings WHERE role = 'sec_bound'::regrole;
 SELECT idem_bind_tenant('sec_bound', 'acme');
 SELECT role, tenant FROM idempotency.tenant_bindings ORDER BY role::text COLLATE "C";
 SELECT outbox_enqueue('sec_t', 'topic', '{"tenant": "sec_t"}') IS NOT NULL AS other_row;
