@@ -451,12 +451,54 @@ idem_spi_connect(void)
 		elog(ERROR, "SPI_connect failed: %s", SPI_result_code_string(rc));
 }
 
-/* SPI_execute_plan, with its result checked; returns the SPI result code. */
+/*
+ * Re-raise the error being handled, adding a hint to a serialization
+ * failure that has none: under REPEATABLE READ or SERIALIZABLE, a row of
+ * the extension's that another transaction changed after this
+ * transaction's snapshot was taken makes PostgreSQL's own UPDATE or
+ * INSERT ... ON CONFLICT raise 40001 with a message alone.  "cxt" is the
+ * memory context of the caller's PG_TRY.
+ */
+static void
+idem_rethrow_with_retry_hint(MemoryContext cxt)
+{
+	ErrorData  *edata;
+
+	MemoryContextSwitchTo(cxt);
+	edata = CopyErrorData();
+	if (edata->sqlerrcode != ERRCODE_T_R_SERIALIZATION_FAILURE ||
+		edata->hint != NULL)
+	{
+		FreeErrorData(edata);
+		PG_RE_THROW();
+	}
+	FlushErrorState();
+	if (edata->detail == NULL)
+		edata->detail = pstrdup("Another transaction changed this row of the extension's tables after this transaction's snapshot was taken.");
+	edata->hint = pstrdup("Retry the whole transaction; under READ COMMITTED this does not happen.");
+	ReThrowError(edata);
+}
+
+/*
+ * SPI_execute_plan, with its result checked; returns the SPI result code.
+ * A serialization failure that PostgreSQL raises with no hint gets one.
+ */
 int
 idem_spi_execute(SPIPlanPtr plan, Datum *values, const char *nulls,
 				 bool read_only, long count)
 {
-	int			rc = SPI_execute_plan(plan, values, nulls, read_only, count);
+	MemoryContext cxt = CurrentMemoryContext;
+	volatile int rc = 0;
+
+	PG_TRY();
+	{
+		rc = SPI_execute_plan(plan, values, nulls, read_only, count);
+	}
+	PG_CATCH();
+	{
+		idem_rethrow_with_retry_hint(cxt);
+	}
+	PG_END_TRY();
 
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));

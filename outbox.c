@@ -1140,7 +1140,7 @@ outbox_enqueue_id(SPIPlanPtr plan, Datum *values, const char *nulls,
 	bool		isnull;
 	int			rc;
 
-	rc = SPI_execute_plan(plan, values, nulls, false, 1);
+	rc = idem_spi_execute(plan, values, nulls, false, 1);
 	if (rc != expected_rc)
 		elog(ERROR, "outbox %s failed: %s", what, SPI_result_code_string(rc));
 	if (SPI_processed != 1)
@@ -1400,7 +1400,7 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 	save_nestlevel = NewGUCNestLevel();
 	(void) set_config_option("jit", "off", PGC_USERSET, PGC_S_SESSION,
 							 GUC_ACTION_SAVE, true, 0, false);
-	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	rc = idem_spi_execute(plan, values, nulls, false, 0);
 	AtEOXact_GUC(true, save_nestlevel);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "outbox claim failed: %s", SPI_result_code_string(rc));
@@ -1440,7 +1440,7 @@ outbox_claim_one(const char *worker, Interval *lease, Datum topics,
 						 filters, 3);
 		plan = outbox_plan(&claim_one_plans[filters], sql, 4, argtypes);
 	}
-	rc = SPI_execute_plan(plan, values, nulls, false, 1);
+	rc = idem_spi_execute(plan, values, nulls, false, 1);
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox claim failed: %s", SPI_result_code_string(rc));
 	if (SPI_processed > 0)
@@ -1571,7 +1571,7 @@ outbox_claim_lease(SPITupleTable *locked, uint64 nlocked, const char *worker,
 												TYPALIGN_SHORT));
 	v11 = (outbox_catalog() & OUTBOX_HAS_TOKEN_FN) ? 1 : 0;
 	plan = outbox_plan(&lease_plans[v11], outbox_lease_sql[v11], 3, argtypes);
-	rc = SPI_execute_plan(plan, values, NULL, false, 0);
+	rc = idem_spi_execute(plan, values, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox lease failed: %s", SPI_result_code_string(rc));
 	leased = SPI_tuptable;
@@ -1698,7 +1698,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 						   argtypes);
 	else
 		plan = outbox_plan(&ack_plan, outbox_ack_sql, 4, argtypes);
-	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	rc = idem_spi_execute(plan, values, nulls, false, 0);
 	if (rc != SPI_OK_UPDATE && rc != SPI_OK_DELETE)
 		elog(ERROR, "outbox ack failed: %s", SPI_result_code_string(rc));
 	if (SPI_processed == 0)
@@ -1721,7 +1721,7 @@ outbox_fenced_returning(SPIPlanPtr plan, Datum *values, const char *nulls,
 	int			rc;
 	bool		isnull;
 
-	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	rc = idem_spi_execute(plan, values, nulls, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "%s failed: %s", funcname, SPI_result_code_string(rc));
 	if (SPI_processed == 0)
@@ -1814,7 +1814,7 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 
 	idem_spi_connect();
 	plan = outbox_plan(&requeue_plan, outbox_requeue_sql, 2, argtypes);
-	rc = SPI_execute_plan(plan, values, NULL, false, 0);
+	rc = idem_spi_execute(plan, values, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox requeue failed: %s", SPI_result_code_string(rc));
 	if (SPI_processed == 0)
@@ -1986,7 +1986,7 @@ idem_outbox_ack_many(PG_FUNCTION_ARGS)
 						   4, argtypes);
 	else
 		plan = outbox_plan(&ack_many_plan, outbox_ack_many_sql, 4, argtypes);
-	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	rc = idem_spi_execute(plan, values, nulls, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING && rc != SPI_OK_DELETE_RETURNING)
 		elog(ERROR, "outbox ack failed: %s", SPI_result_code_string(rc));
 	outbox_return_spi_rows(fcinfo);
@@ -2048,7 +2048,7 @@ idem_outbox_nack_many(PG_FUNCTION_ARGS)
 
 	idem_spi_connect();
 	plan = outbox_plan(&nack_many_plan, outbox_nack_many_sql, 6, argtypes);
-	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	rc = idem_spi_execute(plan, values, nulls, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox nack failed: %s", SPI_result_code_string(rc));
 	outbox_return_spi_rows(fcinfo);
