@@ -1258,7 +1258,6 @@ keys_count_live(KeyIdent *id, TimestampTz now, TimestampTz *earliest_expiry,
 	bool		isnull;
 	Datum		d;
 	int64		live;
-	Snapshot	snapshot;
 	int			rc;
 
 	idem_saved_plan(&plan_count_live,
@@ -1284,10 +1283,9 @@ keys_count_live(KeyIdent *id, TimestampTz now, TimestampTz *earliest_expiry,
 	 * read-only: the transaction's own new keys count.
 	 */
 	*mark = idem_quota_mark(id->tenant, id->scope);
-	snapshot = RegisterSnapshot(GetLatestSnapshot());
-	rc = SPI_execute_snapshot(plan_count_live, values, NULL, snapshot,
-							  InvalidSnapshot, false, false, 1);
-	UnregisterSnapshot(snapshot);
+	rc = SPI_execute_snapshot(plan_count_live, values, NULL,
+							  GetLatestSnapshot(), InvalidSnapshot, false,
+							  false, 1);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_snapshot failed: %s",
 			 SPI_result_code_string(rc));
