@@ -280,7 +280,9 @@ idem_bound_tenant(void)
 /*
  * idem_effective_tenant
  *		The tenant a call that names none is confined to: the binding, else
- *		idempotency.tenant, else NULL (any).
+ *		idempotency.tenant, else NULL (any).  A bound role whose session
+ *		sets idempotency.tenant to another tenant acts for neither (42501),
+ *		as when it names one of them.
  */
 const char *
 idem_effective_tenant(void)
@@ -288,7 +290,10 @@ idem_effective_tenant(void)
 	const char *bound = idem_bound_tenant();
 
 	if (bound != NULL)
+	{
+		idem_check_tenant(bound);
 		return bound;
+	}
 	if (idem_session_tenant != NULL && idem_session_tenant[0] != '\0')
 		return idem_session_tenant;
 	return NULL;

@@ -100,6 +100,9 @@ int			idem_outbox_retention = 7 * 24 * 60 * 60;
 /* Longest worker name, in bytes: it is only a label in leased_by. */
 #define OUTBOX_MAX_WORKER_LEN 255
 
+/* the longest deliver_after, lease or retry_in, as idem_reserve's ttl */
+#define OUTBOX_MAX_INTERVAL_YEARS 1000
+
 /*
  * Backoff of outbox_nack when the worker gives no retry_in:
  * min(cap, base * 2^(attempts - 1)) * jitter, jitter uniform in [0.5, 1.0),
@@ -628,16 +631,40 @@ outbox_tenant_arg(FunctionCallInfo fcinfo, int argno)
 	return tenant;
 }
 
-/* The sign of "iv" as PostgreSQL compares intervals: -1, 0 or 1. */
-static int
-outbox_interval_sign(Interval *iv)
+/*
+ * Check the interval argument "name": not negative (nor zero unless
+ * "zero_ok"), and at most OUTBOX_MAX_INTERVAL_YEARS, compared as
+ * PostgreSQL compares intervals.  A longer one would hold a row (and its
+ * ordering key) for good, or overflow the timestamp it is added to once
+ * the statement runs; both are refused here, before anything is written,
+ * with 22023 and "hint".
+ */
+static void
+outbox_check_interval(Interval *iv, const char *name, bool zero_ok,
+					  const char *hint)
 {
-	Interval	zero;
+	Interval	bound;
+	int			sign;
 
-	memset(&zero, 0, sizeof(zero));
-	return DatumGetInt32(DirectFunctionCall2(interval_cmp,
+	memset(&bound, 0, sizeof(bound));
+	sign = DatumGetInt32(DirectFunctionCall2(interval_cmp,
 											 IntervalPGetDatum(iv),
-											 IntervalPGetDatum(&zero)));
+											 IntervalPGetDatum(&bound)));
+	if (sign < 0 || (sign == 0 && !zero_ok))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 zero_ok ? errmsg("%s must not be negative", name) :
+				 errmsg("%s must be positive", name),
+				 errhint("%s", hint)));
+	bound.month = OUTBOX_MAX_INTERVAL_YEARS * MONTHS_PER_YEAR;
+	if (DatumGetInt32(DirectFunctionCall2(interval_cmp,
+										  IntervalPGetDatum(iv),
+										  IntervalPGetDatum(&bound))) > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be at most %d years", name,
+						OUTBOX_MAX_INTERVAL_YEARS),
+				 errhint("%s", hint)));
 }
 
 /*
@@ -1075,11 +1102,8 @@ outbox_enqueue_args(FunctionCallInfo fcinfo, OutboxEnqueueArgs *a)
 	if (!PG_ARGISNULL(6))
 	{
 		deliver_after = PG_GETARG_INTERVAL_P(6);
-		if (outbox_interval_sign(deliver_after) < 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("deliver_after must not be negative"),
-					 errhint("Pass '0' to deliver at once, or a positive delay.")));
+		outbox_check_interval(deliver_after, "deliver_after", true,
+							  "Pass '0' to deliver at once, or a positive delay.");
 	}
 	if (!PG_ARGISNULL(7))
 	{
@@ -1275,11 +1299,8 @@ outbox_claim_args(FunctionCallInfo fcinfo, char **worker, int32 *batch,
 				 errdetail("The value given is %d.", *batch),
 				 errhint("Pass the number of rows the worker can deliver within one lease.")));
 	*lease = PG_GETARG_INTERVAL_P(2);
-	if (outbox_interval_sign(*lease) <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must be positive"),
-				 errhint("Pass how long the worker needs to deliver the batch, for example '30 seconds'.")));
+	outbox_check_interval(*lease, "lease", false,
+						  "Pass how long the worker needs to deliver the batch, for example '30 seconds'.");
 	if (!PG_ARGISNULL(4))
 	{
 		*tenant = text_to_cstring(PG_GETARG_TEXT_PP(4));
@@ -1452,11 +1473,12 @@ outbox_claim_one(const char *worker, Interval *lease, Datum topics,
 /*
  * The TID scan of the lease returns rows in physical order: put them back
  * in lock order, which is available_at order, by looking each up by key.
- * Returns the leased tuples by lock position (NULL: dead-lettered).
+ * Returns the leased tuples by lock position (NULL: dead-lettered), and
+ * in "*ndead" how many rows the lease dead-lettered.
  */
 static HeapTuple *
 outbox_claim_order(SPITupleTable *leased, uint64 nleased, ClaimedRow *rows,
-				   uint64 nlocked)
+				   uint64 nlocked, uint64 *ndead)
 {
 	int			lease_token_attno = outbox_column(leased->tupdesc, "lease_token");
 	int			tenant_attno = outbox_column(leased->tupdesc, "tenant_id");
@@ -1464,6 +1486,7 @@ outbox_claim_order(SPITupleTable *leased, uint64 nleased, ClaimedRow *rows,
 	HeapTuple  *ordered;
 	uint64		i;
 
+	*ndead = 0;
 	qsort(rows, nlocked, sizeof(ClaimedRow), claimed_row_cmp);
 	for (i = 0; i < nleased; i++)
 	{
@@ -1475,7 +1498,10 @@ outbox_claim_order(SPITupleTable *leased, uint64 nleased, ClaimedRow *rows,
 		(void) SPI_getbinval(tuple, leased->tupdesc, lease_token_attno,
 							 &isnull);
 		if (isnull)
-			continue;			/* dead-lettered by this claim */
+		{
+			(*ndead)++;			/* dead-lettered by this claim */
+			continue;
+		}
 		key.id = DatumGetInt64(SPI_getbinval(tuple, leased->tupdesc,
 											 id_attno, &isnull));
 		key.tenant = SPI_getvalue(tuple, leased->tupdesc, tenant_attno);
@@ -1535,8 +1561,9 @@ outbox_claim_emit(TupleDesc source, HeapTuple *ordered, uint64 n,
  * put them into "tupstore" as rows of "tupdesc" (the function's result
  * type, mapped by column name), in the order they were locked.  A row the
  * lease dead-lettered (its expired lease used up its attempts) is left out.
+ * Returns how many rows it dead-lettered.
  */
-static void
+static uint64
 outbox_claim_lease(SPITupleTable *locked, uint64 nlocked, const char *worker,
 				   Interval *lease, TupleDesc tupdesc,
 				   Tuplestorestate *tupstore)
@@ -1551,6 +1578,7 @@ outbox_claim_lease(SPITupleTable *locked, uint64 nlocked, const char *worker,
 	int			v11;
 	int			rc;
 	uint64		i;
+	uint64		ndead;
 
 	for (i = 0; i < nlocked; i++)
 	{
@@ -1576,8 +1604,9 @@ outbox_claim_lease(SPITupleTable *locked, uint64 nlocked, const char *worker,
 		elog(ERROR, "outbox lease failed: %s", SPI_result_code_string(rc));
 	leased = SPI_tuptable;
 
-	ordered = outbox_claim_order(leased, SPI_processed, rows, nlocked);
+	ordered = outbox_claim_order(leased, SPI_processed, rows, nlocked, &ndead);
 	outbox_claim_emit(leased->tupdesc, ordered, nlocked, tupdesc, tupstore);
+	return ndead;
 }
 
 /* Raise 0A000 unless the caller accepts a set in materialize mode. */
@@ -1641,19 +1670,35 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 		Datum		topics = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
 
 		idem_citus_enter((first + pass) % npasses);
-		nlocked = 0;
-		if (batch == 1)
-			nlocked = outbox_claim_one(worker, lease, topics, tenant, tupdesc,
-									   tupstore);
-		if (nlocked == 0)
+		while (batch > 0)
 		{
+			uint64		ndead;
+
+			if (batch == 1 &&
+				outbox_claim_one(worker, lease, topics, tenant, tupdesc,
+								 tupstore) > 0)
+			{
+				batch = 0;
+				break;
+			}
 			nlocked = outbox_claim_lock(batch, topics, tenant);
-			if (nlocked > 0)
-				outbox_claim_lease(SPI_tuptable, nlocked, worker, lease,
-								   tupdesc, tupstore);
+			if (nlocked == 0)
+				break;
+			ndead = outbox_claim_lease(SPI_tuptable, nlocked, worker, lease,
+									   tupdesc, tupstore);
+			batch -= (int32) (nlocked - ndead);
+
+			/*
+			 * Rows whose expired lease used up their last attempt became
+			 * dead instead of being leased: look again for due rows to take
+			 * their places, so that an empty result means nothing is due.
+			 * Each pass either fills the batch, finds nothing, or
+			 * dead-letters rows for good, so the loop ends.
+			 */
+			if (ndead == 0)
+				break;
 		}
 		idem_citus_leave();
-		batch -= (int32) nlocked;
 	}
 	SPI_finish();
 	return (Datum) 0;
@@ -1757,11 +1802,9 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 	idem_require_arg(fcinfo, 1, "id");
 	idem_require_arg(fcinfo, 2, "lease_token");
 	id = PG_GETARG_INT64(1);
-	if (!PG_ARGISNULL(4) && outbox_interval_sign(PG_GETARG_INTERVAL_P(4)) < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("retry_in must not be negative"),
-				 errhint("Pass '0' to retry at once, or NULL for exponential backoff.")));
+	if (!PG_ARGISNULL(4))
+		outbox_check_interval(PG_GETARG_INTERVAL_P(4), "retry_in", true,
+							  "Pass '0' to retry at once, or NULL for exponential backoff.");
 
 	/* uniform in [0.5, 1.0): spreads retries of rows that failed together */
 	jitter = 0.5 + 0.5 * pg_prng_double(&pg_global_prng_state);
@@ -1856,11 +1899,8 @@ idem_outbox_extend(PG_FUNCTION_ARGS)
 	idem_require_arg(fcinfo, 2, "lease_token");
 	idem_require_arg(fcinfo, 3, "lease");
 	id = PG_GETARG_INT64(1);
-	if (outbox_interval_sign(PG_GETARG_INTERVAL_P(3)) <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must be positive"),
-				 errhint("Pass how much longer the delivery needs from now, for example '30 seconds'.")));
+	outbox_check_interval(PG_GETARG_INTERVAL_P(3), "lease", false,
+						  "Pass how much longer the delivery needs from now, for example '30 seconds'.");
 
 	values[0] = CStringGetTextDatum(tenant);
 	values[1] = Int64GetDatum(id);
@@ -2026,11 +2066,9 @@ idem_outbox_nack_many(PG_FUNCTION_ARGS)
 	outbox_require_set_context(fcinfo, "outbox_nack_many");
 	tenant = outbox_tenant_arg(fcinfo, 0);
 	n = outbox_batch_args(fcinfo, values);
-	if (!PG_ARGISNULL(4) && outbox_interval_sign(PG_GETARG_INTERVAL_P(4)) < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("retry_in must not be negative"),
-				 errhint("Pass '0' to retry at once, or NULL for exponential backoff.")));
+	if (!PG_ARGISNULL(4))
+		outbox_check_interval(PG_GETARG_INTERVAL_P(4), "retry_in", true,
+							  "Pass '0' to retry at once, or NULL for exponential backoff.");
 
 	/* one jitter per row, uniform in [0.5, 1.0), as outbox_nack's */
 	jitters = palloc(sizeof(Datum) * Max(n, 1));

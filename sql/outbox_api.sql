@@ -157,6 +157,12 @@ SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', ''{}'',
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', ''{}'', key => ''k'', scope => '''')');
 SELECT pg_temp.outbox_error(format('SELECT outbox_enqueue(%L, %L, %L, key => %L, scope => %L)', 'obx_a', 'obx.x', '{}', 'k', repeat('s', 256)));
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', ''{}'', deliver_after => ''-1 second'')');
+-- at most 1000 years, refused before an id is drawn
+SELECT last_value AS seq_before FROM idempotency.outbox_id_seq \gset
+SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', ''{}'', deliver_after => ''1000 years 1 day'')');
+SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', ''{}'', deliver_after => ''178000000 years'')');
+SELECT last_value = :seq_before AS no_id_drawn FROM idempotency.outbox_id_seq;
+SELECT outbox_enqueue('obx_a', 'obx.far', '{}', deliver_after => '1000 years') IS NOT NULL AS thousand_years;
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', ''{}'', max_attempts => 0)');
 SET idempotency.max_payload_size = '1kB';
 SELECT pg_temp.outbox_error(format('SELECT outbox_enqueue(%L, %L, %L)', 'obx_a', 'obx.x',
@@ -173,6 +179,7 @@ DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_a';
 -- bad input to claim
 SELECT pg_temp.outbox_error('SELECT * FROM outbox_claim(NULL)');
 SELECT pg_temp.outbox_error('SELECT * FROM outbox_claim('''')');
+SELECT pg_temp.outbox_error('SELECT * FROM outbox_claim(''w'', 1, ''1001 years'')');
 SELECT pg_temp.outbox_error('SELECT * FROM outbox_claim(''w'', NULL)');
 SELECT pg_temp.outbox_error('SELECT * FROM outbox_claim(''w'', 0)');
 SELECT pg_temp.outbox_error('SELECT * FROM outbox_claim(''w'', -5)');

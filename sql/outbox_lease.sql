@@ -65,5 +65,6 @@ SELECT pg_temp.outbox_error('SELECT outbox_extend(''obx_l'', 1, NULL)');
 SELECT pg_temp.outbox_error('SELECT outbox_extend(''obx_l'', 1, gen_random_uuid(), NULL)');
 SELECT pg_temp.outbox_error('SELECT outbox_extend(''obx_l'', 1, gen_random_uuid(), ''0 seconds'')');
 SELECT pg_temp.outbox_error('SELECT outbox_extend(''obx_l'', 1, gen_random_uuid(), ''-1 minute'')');
+SELECT pg_temp.outbox_error('SELECT outbox_extend(''obx_l'', 1, gen_random_uuid(), ''100000 years'')');
 
 DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_l';

@@ -126,6 +126,8 @@ SELECT count(*) AS nacks, min(delay) >= interval '30 minutes' AS at_least_half,
 SELECT pg_temp.make_due(id) FROM idempotency.outbox WHERE tenant_id = 'obx_r' LIMIT 1;
 SELECT id, lease_token AS token FROM outbox_claim('w', 1, '1 minute', tenant => 'obx_r') \gset
 SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, %L, %L)', 'obx_r', :id, :'token', 'x', '-1 second'));
+SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, %L, %L)', 'obx_r', :id, :'token', 'x', '178000000 years'));
+SELECT pg_temp.outbox_error(format('SELECT * FROM outbox_nack_many(%L, ARRAY[%s], ARRAY[%L]::uuid[], %L, %L)', 'obx_r', :id, :'token', 'x', '1001 years'));
 SELECT outbox_nack('obx_r', :id, :'token', NULL, '0');
 SELECT status, last_error, available_at <= now() AS due FROM idempotency.outbox WHERE id = :id;
 SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, NULL)', 'obx_r', -1, gen_random_uuid()));
@@ -161,4 +163,25 @@ SELECT pg_sleep(0.05);
 SELECT count(*) FROM outbox_claim('w-next', 1, '1 minute', tenant => 'obx_r');
 SELECT o.status, o.attempts, o.last_error, d.last_worker FROM idempotency.outbox o
   JOIN idempotency.dead_letters d USING (tenant_id, id) WHERE o.id = :id;
+-- rows the claim dead-letters do not take the places of due rows: with three
+-- expired last attempts ahead of two pending rows, a claim of two returns
+-- the two pending rows, and a claim of one behind such a row returns the
+-- pending row behind it; an empty claim means nothing is due
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_r';
+SELECT outbox_enqueue('obx_r', 'obx.dl', '{"n": 1}', max_attempts => 1) IS NOT NULL AS e1,
+       outbox_enqueue('obx_r', 'obx.dl', '{"n": 2}', max_attempts => 1) IS NOT NULL AS e2,
+       outbox_enqueue('obx_r', 'obx.dl', '{"n": 3}', max_attempts => 1) IS NOT NULL AS e3;
+SELECT count(*) FROM outbox_claim('w-crash', 3, '10 milliseconds', tenant => 'obx_r');
+SELECT pg_sleep(0.05);
+SELECT outbox_enqueue('obx_r', 'obx.dl', '{"n": 4}') IS NOT NULL AS e4,
+       outbox_enqueue('obx_r', 'obx.dl', '{"n": 5}') IS NOT NULL AS e5;
+SELECT payload FROM outbox_claim('w-next', 2, '1 minute', tenant => 'obx_r') ORDER BY id;
+SELECT payload FROM outbox_claim('w-next', 1, '1 minute', tenant => 'obx_r');
+SELECT payload->>'n' AS n, status FROM idempotency.outbox WHERE tenant_id = 'obx_r' ORDER BY id;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_r';
+SELECT outbox_enqueue('obx_r', 'obx.dl', '{"n": 6}', max_attempts => 1) IS NOT NULL AS e6;
+SELECT count(*) FROM outbox_claim('w-crash', 1, '10 milliseconds', tenant => 'obx_r');
+SELECT pg_sleep(0.05);
+SELECT outbox_enqueue('obx_r', 'obx.dl', '{"n": 7}') IS NOT NULL AS e7;
+SELECT payload FROM outbox_claim('w-next', 1, '1 minute', tenant => 'obx_r');
 DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_r';

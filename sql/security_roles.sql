@@ -115,6 +115,11 @@ SELECT * FROM idem_lookup('sec_t', 'orders', 'held');
 SELECT idem_complete('sec_t', 'orders', 'held', 200, '{}', lock_token => :'tok');
 SELECT outbox_enqueue('sec_t', 'topic', '{}');
 -- a claim naming no tenant takes only the bound tenant's rows
+-- ...and, with idempotency.tenant naming another tenant, none: a claim that
+-- leased the bound tenant's rows could not ack them in this session
+SET idempotency.tenant = 'sec_t';
+SELECT * FROM outbox_claim('bound-worker', 10, topics => '{topic}');
+RESET idempotency.tenant;
 SELECT tenant_id, payload FROM outbox_claim('bound-worker', 10, topics => '{topic}');
 SELECT * FROM outbox_claim('bound-worker', 10, tenant => 'sec_t');
 SELECT outbox_ack('sec_t', :row_id, gen_random_uuid());
