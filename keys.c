@@ -1481,6 +1481,30 @@ reserve_answer_finished(KeyIdent *id, const uint8 *fingerprint,
 }
 
 /*
+ * Under REPEATABLE READ, a reservation at work in the snapshot ("row") must
+ * still be the latest version of the key: one completed, released or taken
+ * over since would be answered in_progress from the snapshot, where a retry
+ * of the transaction gets its true answer.  Raises 40001 in that case.
+ */
+static void
+reserve_check_latest(KeyIdent *id, const KeyRow *row)
+{
+	KeyRow		latest;
+
+	if (keys_fetch(id, true, &latest) && latest.status == row->status &&
+		latest.has_token == row->has_token &&
+		(!row->has_token ||
+		 memcmp(&latest.token, &row->token, sizeof(pg_uuid_t)) == 0))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("could not serialize access to idempotency key \"%s\"",
+					id->key),
+			 errdetail("The key's reservation was completed, released or taken over by a transaction that committed after this transaction's snapshot was taken."),
+			 errhint("Retry the whole transaction: the retry will see the key and get its answer.")));
+}
+
+/*
  * One attempt at reserving, with the key's lock held.  The row is read
  * first, with one direct probe: a replay costs only that, a new key that
  * and a plain INSERT.  Under REPEATABLE READ a key not visible to the
@@ -1536,6 +1560,9 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 						 errdetail("The key was reserved by a transaction that committed after this transaction's snapshot was taken."),
 						 errhint("Retry the whole transaction: the retry will see the key and get its answer.")));
 		}
+		if (found && xact_snapshot &&
+			row.status == status_oids[STATUS_PROCESSING])
+			reserve_check_latest(id, &row);
 		if (!found)
 		{
 			if (reserve_rate_limited(id, policy, now, ans))
@@ -1715,7 +1742,7 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 	int64		wait_usecs;
 	ScopePolicy policy;
 	LOCKTAG		tag;
-	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz now;
 	TimestampTz deadline = 0;
 	ReserveAnswer ans;
 	MemoryContext callcxt = CurrentMemoryContext;
@@ -1755,6 +1782,9 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 		memset(&ans, 0, sizeof(ans));
 		if (!reserve_claim_lock(&tag, deadline))
 		{
+			/* the answer is as of now, after the wait */
+			now = GetCurrentTimestamp();
+
 			/*
 			 * The lock is busy.  A finished key is answered from its row all
 			 * the same (the holder may be another retry being answered);
@@ -1768,6 +1798,12 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 			ans.retry_after = 1;
 			break;
 		}
+
+		/*
+		 * As of now: after a wait, a reservation may have turned stale, and
+		 * retry_after counts from here.
+		 */
+		now = GetCurrentTimestamp();
 		wrote = reserve_attempt(&id, fingerprint, &ttl, &lock_timeout,
 								&policy, now, &ans);
 		if (!wrote)

@@ -187,5 +187,26 @@ COMMIT;
 SELECT idem_key, status, response_body FROM idempotency.keys
  WHERE tenant_id = 'kr_a' AND idem_key IN ('fence-5', 'fence-6') ORDER BY 1;
 
+--
+-- A wait answers as of its end: a committed reservation that turns stale
+-- while a retry waits for it is answered stale (fail) or taken over
+-- (takeover) then, not in_progress with a retry_after already past; one
+-- still at work is answered with retry_after counted from the answer.
+--
+SELECT scope FROM idem_configure_scope('kr_wfail', '{"lock_timeout": "1 second"}');
+SELECT scope FROM idem_configure_scope('kr_wtake', '{"lock_timeout": "1 second", "stale_action": "takeover"}');
+SELECT scope FROM idem_configure_scope('kr_wlong', '{"lock_timeout": "10 seconds"}');
+SELECT outcome FROM idem_reserve('kr_a', 'kr_wfail', 'w-1', fingerprint => sha256('w'));
+SELECT clock_timestamp() AS t0 \gset
+SELECT outcome, http_status, clock_timestamp() - :'t0' < interval '3 seconds' AS before_the_wait_ran_out
+  FROM idem_reserve('kr_a', 'kr_wfail', 'w-1', wait => '4 seconds', fingerprint => sha256('w'));
+SELECT status, needs_reconciliation FROM idem_lookup('kr_a', 'kr_wfail', 'w-1');
+SELECT lock_token AS w2 FROM idem_reserve('kr_a', 'kr_wtake', 'w-2', fingerprint => sha256('w')) \gset
+SELECT outcome, lock_token <> :'w2' AS new_token
+  FROM idem_reserve('kr_a', 'kr_wtake', 'w-2', wait => '4 seconds', fingerprint => sha256('w'));
+SELECT outcome FROM idem_reserve('kr_a', 'kr_wlong', 'w-3', fingerprint => sha256('w'));
+SELECT outcome, retry_after BETWEEN 1 AND 9 AS counted_from_the_answer
+  FROM idem_reserve('kr_a', 'kr_wlong', 'w-3', wait => '1.5 seconds', fingerprint => sha256('w'));
+
 DELETE FROM idempotency.keys WHERE tenant_id = 'kr_a';
 DELETE FROM idempotency.scopes WHERE scope LIKE 'kr\_%';
