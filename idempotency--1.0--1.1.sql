@@ -34,19 +34,34 @@ COMMENT ON FUNCTION @extschema@.idem_reserve(text, text, text, jsonb, interval, 
  * extension may have created them already.  NOLOGIN: they are granted to
  * the roles that log in.
  */
+-- Several databases may install (or update) the extension at the same
+-- time: a role another one created meanwhile (it commits first, and this
+-- CREATE ROLE then fails on the role's name) is taken as it is.
 DO $roles$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
                     WHERE rolname OPERATOR(pg_catalog.=) 'idempotency_app') THEN
-        CREATE ROLE idempotency_app NOLOGIN;
+        BEGIN
+            CREATE ROLE idempotency_app NOLOGIN;
+        EXCEPTION WHEN unique_violation OR duplicate_object THEN
+            NULL;
+        END;
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
                     WHERE rolname OPERATOR(pg_catalog.=) 'idempotency_worker') THEN
-        CREATE ROLE idempotency_worker NOLOGIN;
+        BEGIN
+            CREATE ROLE idempotency_worker NOLOGIN;
+        EXCEPTION WHEN unique_violation OR duplicate_object THEN
+            NULL;
+        END;
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
                     WHERE rolname OPERATOR(pg_catalog.=) 'idempotency_admin') THEN
-        CREATE ROLE idempotency_admin NOLOGIN;
+        BEGIN
+            CREATE ROLE idempotency_admin NOLOGIN;
+        EXCEPTION WHEN unique_violation OR duplicate_object THEN
+            NULL;
+        END;
     END IF;
 END
 $roles$;
@@ -1026,3 +1041,35 @@ COMMENT ON FUNCTION @extschema@.idem_citus_distribute(int) IS
 
 REVOKE ALL ON FUNCTION @extschema@.idem_citus_distribute(int) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.idem_citus_distribute(int) TO idempotency_admin;
+
+-- Grants an administrator made on 1.0's objects before the update (such as
+-- GRANT EXECUTE ON FUNCTION idem_reap(int) TO ops) belong to the database,
+-- not to the extension.  But when an extension script changes an object's
+-- privileges, PostgreSQL records the object's whole ACL as the extension's
+-- initial privileges, and pg_dump leaves initial privileges out: after a
+-- restore the operator could no longer run maintenance.  Keep in the
+-- initial privileges only what the extension itself grants (to the owner,
+-- PUBLIC, its three roles and pg_monitor), as a fresh install records them.
+UPDATE pg_catalog.pg_init_privs ip
+   SET initprivs = COALESCE(
+         (SELECT pg_catalog.array_agg(u.item ORDER BY u.n)
+            FROM pg_catalog.unnest(ip.initprivs) WITH ORDINALITY AS u(item, n)
+           WHERE (SELECT x.grantee OPERATOR(pg_catalog.=) x.grantor
+                         OR x.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid
+                         OR x.grantee OPERATOR(pg_catalog.=) ANY (
+                              SELECT r.oid FROM pg_catalog.pg_roles r
+                               WHERE r.rolname OPERATOR(pg_catalog.=) ANY (
+                                       ARRAY['idempotency_app', 'idempotency_worker',
+                                             'idempotency_admin', 'pg_monitor']::pg_catalog.name[]))
+                    FROM pg_catalog.aclexplode(ARRAY[u.item]) x
+                   LIMIT 1)),
+         '{}'::pg_catalog.aclitem[])
+ WHERE ip.privtype OPERATOR(pg_catalog.=) 'e'
+   AND EXISTS (SELECT FROM pg_catalog.pg_depend d
+                 JOIN pg_catalog.pg_extension e
+                   ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+                WHERE d.classid OPERATOR(pg_catalog.=) ip.classoid
+                  AND d.objid OPERATOR(pg_catalog.=) ip.objoid
+                  AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+                  AND d.deptype OPERATOR(pg_catalog.=) 'e'
+                  AND e.extname OPERATOR(pg_catalog.=) 'idempotency');

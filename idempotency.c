@@ -221,15 +221,22 @@ binding_load(void)
 	nsp = get_namespace_oid("idempotency", false);
 	binding_relid = get_relname_relid("tenant_bindings", nsp);
 	indexid = get_relname_relid("tenant_bindings_pkey", nsp);
-	binding_valid = true;
 	if (!OidIsValid(binding_relid) || !OidIsValid(indexid))
 	{
-		/* version 1.0 of the SQL objects: no bindings yet */
-		binding_session_user = session_user;
-		binding_outer_user = outer_user;
+		/*
+		 * Version 1.0 of the SQL objects: no bindings yet.  Not cached: no
+		 * invalidation would reach this backend when ALTER EXTENSION
+		 * UPDATE creates the table and a binding follows, and the role
+		 * would stay unbound in this session.
+		 */
+		binding_valid = false;
+		if (binding_tenant)
+			pfree(binding_tenant);
 		binding_tenant = NULL;
+		binding_conflict = false;
 		return;
 	}
+	binding_valid = true;
 
 	tenant = binding_of(session_user, indexid);
 	if (tenant != NULL)

@@ -19,19 +19,34 @@ REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
  * extension may have created them already.  NOLOGIN: they are granted to
  * the roles that log in.
  */
+-- Several databases may install (or update) the extension at the same
+-- time: a role another one created meanwhile (it commits first, and this
+-- CREATE ROLE then fails on the role's name) is taken as it is.
 DO $roles$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
                     WHERE rolname OPERATOR(pg_catalog.=) 'idempotency_app') THEN
-        CREATE ROLE idempotency_app NOLOGIN;
+        BEGIN
+            CREATE ROLE idempotency_app NOLOGIN;
+        EXCEPTION WHEN unique_violation OR duplicate_object THEN
+            NULL;
+        END;
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
                     WHERE rolname OPERATOR(pg_catalog.=) 'idempotency_worker') THEN
-        CREATE ROLE idempotency_worker NOLOGIN;
+        BEGIN
+            CREATE ROLE idempotency_worker NOLOGIN;
+        EXCEPTION WHEN unique_violation OR duplicate_object THEN
+            NULL;
+        END;
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
                     WHERE rolname OPERATOR(pg_catalog.=) 'idempotency_admin') THEN
-        CREATE ROLE idempotency_admin NOLOGIN;
+        BEGIN
+            CREATE ROLE idempotency_admin NOLOGIN;
+        EXCEPTION WHEN unique_violation OR duplicate_object THEN
+            NULL;
+        END;
     END IF;
 END
 $roles$;

@@ -6,7 +6,10 @@
 # pg_dump registrations) is what a fresh install of the current version
 # creates, and (b) the old data keeps working: finished keys replay,
 # in-flight two-phase keys complete with their lock token, outbox rows are
-# claimed and delivered.
+# claimed and delivered; (c) grants an administrator made on 1.0's objects
+# stay the database's own: pg_dump keeps them, as it keeps those made after
+# a fresh install (PostgreSQL records a whole ACL that an extension script
+# changes as the extension's initial privileges, which pg_dump leaves out).
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
@@ -18,10 +21,18 @@ my $current = $node->safe_psql('postgres',
 	"SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'");
 isnt($current, '1.0', "the current version ($current) is newer than 1.0");
 
+# an operator's grants, made on both databases after their install
+my $grants = q{
+GRANT EXECUTE ON FUNCTION idem_reap(int), idem_sweep(interval) TO ops;
+GRANT SELECT ON idempotency.keys TO ops;
+};
+$node->safe_psql('postgres', 'CREATE ROLE ops LOGIN');
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', 'CREATE EXTENSION idempotency');
+$node->safe_psql('fresh', $grants);
 $node->safe_psql('postgres', 'CREATE DATABASE old');
 $node->safe_psql('old', "CREATE EXTENSION idempotency VERSION '1.0'");
+$node->safe_psql('old', $grants);
 is($node->safe_psql('old',
 		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
 	'1.0', 'the released 1.0 script installs');
@@ -87,6 +98,26 @@ SELECT outbox_ack(c.tenant_id, c.id, c.lease_token) FROM outbox_claim('w1', 10) 
 is($node->safe_psql('old',
 		q{SELECT count(*) FROM idempotency.outbox WHERE status = 'done'}),
 	'2', 'outbox rows written under 1.0 are claimed and delivered');
+
+# (c) the operator's grants survive a dump and restore of the updated
+# database, as of the fresh one
+for my $db ('old', 'fresh')
+{
+	my $dump = $node->basedir . "/$db.dump";
+	$node->command_ok(
+		[ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr($db) ],
+		"pg_dump of $db");
+	$node->safe_psql('postgres', "CREATE DATABASE ${db}_restored");
+	$node->command_ok(
+		[ 'pg_restore', '-d', $node->connstr("${db}_restored"), $dump ],
+		"pg_restore of $db");
+	is($node->safe_psql("${db}_restored", q{
+SELECT has_function_privilege('ops', 'idem_reap(int)', 'EXECUTE') AND
+       has_function_privilege('ops', 'idem_sweep(interval)', 'EXECUTE') AND
+       has_table_privilege('ops', 'idempotency.keys', 'SELECT') AND
+       NOT has_function_privilege('ops', 'idem_purge_outbox(int)', 'EXECUTE')}),
+		't', "$db: the operator's grants are restored, and only those");
+}
 
 $node->stop;
 done_testing();

@@ -148,5 +148,37 @@ like($err, qr/column "lock_token" does not exist/,
 	'after the update idem_lookup no longer returns lock_token');
 $old->quit;
 
+# A session opened under 1.0, by a role an administrator binds to a tenant
+# after the update, is held to that tenant at once: under 1.0 the session
+# found no bindings table, and no invalidation would have told it the
+# table appeared
+$node->safe_psql('postgres', 'CREATE DATABASE old_bound');
+$node->safe_psql('old_bound', "CREATE EXTENSION idempotency VERSION '1.0'");
+$node->safe_psql('postgres', 'CREATE ROLE warm_app LOGIN');
+my $app = $node->background_psql('old_bound', on_error_stop => 0,
+	extra_params => [ '-U', 'warm_app' ]);
+$app->set_query_timer_restart();
+($out, $err) = run_in($app,
+	q{SELECT outcome FROM idem_reserve('t1', 'orders', 'b-0', '{}'::jsonb)});
+is($out, 'created', 'a role reserves under 1.0');
+$node->safe_psql('old_bound', 'ALTER EXTENSION idempotency UPDATE');
+$node->safe_psql('old_bound',
+	q{GRANT idempotency_app TO warm_app; SELECT idem_bind_tenant('warm_app', 't1')});
+($out, $err) = run_in($app,
+	q{SELECT outcome FROM idem_reserve('t2', 'orders', 'b-1', '{}')});
+like($err, qr/role "warm_app" is bound to tenant "t1"/,
+	'after the update and a binding, the open session cannot act for another tenant');
+($out, $err) = run_in($app, q{SET idempotency.tenant = 't3';
+SELECT outcome FROM idem_reserve('t3', 'orders', 'b-2', '{}');
+RESET idempotency.tenant;});
+like($err, qr/role "warm_app" is bound to tenant "t1"/, 'not by SET either');
+($out, $err) = run_in($app,
+	q{SELECT outcome FROM idem_reserve('t1', 'orders', 'b-3', '{}')});
+is($out . $err, 'created', 'and acts for its own');
+is($node->safe_psql('old_bound',
+		q{SELECT string_agg(tenant_id || '/' || idem_key, ' ' ORDER BY idem_key) FROM idempotency.keys}),
+	't1/b-0 t1/b-3', 'nothing was written for the other tenants');
+$app->quit;
+
 $node->stop;
 done_testing();

@@ -54,7 +54,8 @@ sub new_idem_node
 
 # Everything the extension created in database $db, one line per object or
 # property, sorted, without OIDs: what must be equal between a fresh
-# install and an updated one.
+# install and an updated one.  Privileges are sorted: the order of grants
+# is not a difference.
 sub catalog_snapshot
 {
 	my ($node, $db) = @_;
@@ -72,18 +73,18 @@ lines AS (
                 p.proname, pg_get_function_arguments(p.oid),
                 pg_get_function_result(p.oid), p.prokind, p.prosecdef,
                 p.provolatile, p.proisstrict, p.proparallel, p.proconfig,
-                p.proacl, l.lanname, md5(p.prosrc),
+                (SELECT string_agg(a::text, ',' ORDER BY a::text) FROM unnest(p.proacl) a), l.lanname, md5(p.prosrc),
                 obj_description(p.oid, 'pg_proc')) AS line
     FROM pg_proc p JOIN mem ON mem.classid = 'pg_proc'::regclass AND mem.objid = p.oid
     JOIN pg_language l ON l.oid = p.prolang
   UNION ALL
   SELECT format('type %s kind=%s labels=%s acl=%s', t.typname, t.typtype,
                 (SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
-                   FROM pg_enum e WHERE e.enumtypid = t.oid), t.typacl)
+                   FROM pg_enum e WHERE e.enumtypid = t.oid), (SELECT string_agg(a::text, ',' ORDER BY a::text) FROM unnest(t.typacl) a))
     FROM pg_type t JOIN mem ON mem.classid = 'pg_type'::regclass AND mem.objid = t.oid
   UNION ALL
   SELECT format('relation %s kind=%s options=%s acl=%s comment=%s', r.relname,
-                r.relkind, r.reloptions, r.relacl, obj_description(r.oid, 'pg_class'))
+                r.relkind, r.reloptions, (SELECT string_agg(a::text, ',' ORDER BY a::text) FROM unnest(r.relacl) a), obj_description(r.oid, 'pg_class'))
     FROM rels r
   UNION ALL
   SELECT format('column %s.%s #%s %s collation=%s notnull=%s default=%s identity=%s',
@@ -108,7 +109,7 @@ lines AS (
   SELECT format('view %s %s', r.relname, md5(pg_get_viewdef(r.oid)))
     FROM rels r WHERE r.relkind = 'v'
   UNION ALL
-  SELECT format('schema %s acl=%s', n.nspname, n.nspacl)
+  SELECT format('schema %s acl=%s', n.nspname, (SELECT string_agg(a::text, ',' ORDER BY a::text) FROM unnest(n.nspacl) a))
     FROM pg_namespace n JOIN mem ON mem.classid = 'pg_namespace'::regclass AND mem.objid = n.oid
   UNION ALL
   SELECT format('dumped %s where %s', c.cfg::regclass, c.cond)
@@ -116,6 +117,11 @@ lines AS (
   UNION ALL
   SELECT format('member %s', pg_describe_object(mem.classid, mem.objid, 0))
     FROM mem
+  UNION ALL
+  SELECT format('initprivs %s type=%s privs=%s',
+                pg_describe_object(ip.classoid, ip.objoid, ip.objsubid),
+                ip.privtype, (SELECT string_agg(a::text, ',' ORDER BY a::text) FROM unnest(ip.initprivs) a))
+    FROM pg_init_privs ip JOIN mem ON mem.classid = ip.classoid AND mem.objid = ip.objoid
 )
 SELECT string_agg(line, E'\n' ORDER BY line) FROM lines;
 SQL
