@@ -118,20 +118,33 @@ DECLARE
     purged    pg_catalog.int8 := 0;
     started   pg_catalog.timestamptz;
 BEGIN
-    IF time_budget IS NULL
-       OR time_budget OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
+    IF time_budget IS NULL THEN
+        RAISE EXCEPTION 'time_budget must not be null'
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Pass how long this run may take, such as ''50 seconds'' for a job that runs every minute.';
+    END IF;
+    IF time_budget OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
         RAISE EXCEPTION 'time_budget must be a positive interval'
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Pass how long this run may take, such as ''50 seconds'' for a job that runs every minute.';
     END IF;
-    IF batch_size IS NULL OR batch_size OPERATOR(pg_catalog.<) 1
+    IF batch_size IS NULL THEN
+        RAISE EXCEPTION 'batch_size must not be null'
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Use a batch of a few thousand rows so each transaction stays short.';
+    END IF;
+    IF batch_size OPERATOR(pg_catalog.<) 1
        OR batch_size OPERATOR(pg_catalog.>) 1000000 THEN
         RAISE EXCEPTION 'batch_size must be between 1 and 1000000'
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Use a batch of a few thousand rows so each transaction stays short.';
     END IF;
-    IF batch_pause IS NULL
-       OR batch_pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
+    IF batch_pause IS NULL THEN
+        RAISE EXCEPTION 'batch_pause must not be null'
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Pass how long to rest between batches, such as ''20 milliseconds'', or ''0''.';
+    END IF;
+    IF batch_pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
         RAISE EXCEPTION 'batch_pause must not be negative'
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Pass how long to rest between batches, such as ''20 milliseconds'', or ''0''.';
@@ -158,10 +171,13 @@ BEGIN
             -- rest at least batch_pause, and twice as long as the batch
             -- took: slow batches (a bloated table, a busy server) get
             -- longer rests, so the reaper never takes more than a third of
-            -- the time it runs
-            PERFORM pg_catalog.pg_sleep_for(GREATEST(batch_pause,
+            -- the time it runs; but never past the deadline, and no batch
+            -- starts after it
+            PERFORM pg_catalog.pg_sleep_for(LEAST(GREATEST(batch_pause,
                 (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) started)
-                    OPERATOR(pg_catalog.*) 2::pg_catalog.float8));
+                    OPERATOR(pg_catalog.*) 2::pg_catalog.float8),
+                deadline OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp()));
+            EXIT WHEN pg_catalog.clock_timestamp() OPERATOR(pg_catalog.>=) deadline;
         END IF;
     END LOOP;
 
@@ -171,7 +187,8 @@ BEGIN
         COMMIT;
         EXIT WHEN n OPERATOR(pg_catalog.<) batch_size;
         IF batch_pause OPERATOR(pg_catalog.>) '0'::pg_catalog.interval THEN
-            PERFORM pg_catalog.pg_sleep_for(batch_pause);
+            PERFORM pg_catalog.pg_sleep_for(LEAST(batch_pause,
+                deadline OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp()));
         END IF;
     END LOOP;
 

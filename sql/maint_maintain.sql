@@ -117,11 +117,29 @@ SELECT topic, count(*) FROM idempotency.outbox WHERE tenant_id = 'maint-p'
  GROUP BY topic ORDER BY topic;
 DELETE FROM idempotency.outbox WHERE tenant_id = 'maint-p';
 
+-- the time budget holds: a rest between batches ends at the deadline, and
+-- no batch starts after it (a run of 1 second with 5-second rests ran 5
+-- seconds and reaped a second batch)
+INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint, status,
+                              locked_at, expires_at)
+SELECT 'maint-b', 'orders', 'k' || g, sha256(g::text::bytea), 'succeeded',
+       now() - interval '2 hours', now() - interval '1 hour'
+  FROM generate_series(1, 3) g;
+SELECT count(*) AS expired_before FROM idempotency.keys WHERE expires_at < now() \gset
+SELECT clock_timestamp() AS t0 \gset
+CALL idem_maintain('1 second', 1, '5 seconds');
+SELECT clock_timestamp() - :'t0' < interval '3 seconds' AS within_budget,
+       :expired_before - count(*) AS reaped_one_batch
+  FROM idempotency.keys WHERE expires_at < now();
+DELETE FROM idempotency.keys WHERE tenant_id = 'maint-b';
+
 -- errors, before anything is done
 CALL idem_maintain('0 seconds');
 CALL idem_maintain(NULL);
+CALL idem_maintain('1 minute', NULL);
 CALL idem_maintain('1 minute', 0);
 CALL idem_maintain(batch_pause => '-1 second');
+CALL idem_maintain(batch_pause => NULL);
 SELECT idem_purge_outbox(-1);
 
 -- pg_cron is not installed in this database: the error's hint is the
@@ -134,6 +152,8 @@ SELECT pg_temp.hinted_statement('SELECT idem_unschedule_maintenance()');
 SELECT idem_schedule_maintenance(NULL);
 SELECT stmt, pg_temp.sqlstate_of(stmt) FROM (VALUES
     ('CALL idem_maintain(''0 seconds'')'),
+    ('CALL idem_maintain(NULL)'),
+    ('CALL idem_maintain(''1 minute'', NULL)'),
     ('CALL idem_maintain(''1 minute'', 0)'),
     ('CALL idem_maintain(batch_pause => NULL)'),
     ('SELECT idem_purge_outbox(-1)'),

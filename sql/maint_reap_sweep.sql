@@ -99,10 +99,12 @@ SELECT scope, idem_key, status, needs_reconciliation
 -- errors
 SELECT idem_sweep('0 seconds');
 SELECT idem_sweep('-5 minutes');
+SELECT idem_sweep('1000000 years');
 SELECT stmt, pg_temp.sqlstate_of(stmt) FROM (VALUES
     ('SELECT idem_reap(0)'),
     ('SELECT idem_reap(NULL)'),
-    ('SELECT idem_sweep(''-5 minutes'')')) AS t(stmt);
+    ('SELECT idem_sweep(''-5 minutes'')'),
+    ('SELECT idem_sweep(''1000 years 1 day'')')) AS t(stmt);
 
 DELETE FROM idempotency.keys WHERE tenant_id LIKE 'maint-%';
 DELETE FROM idempotency.scopes WHERE scope LIKE 'maint-%';
