@@ -22,6 +22,7 @@
 #include "access/htup_details.h"
 #include "access/stratnum.h"
 #include "access/table.h"
+#include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
@@ -464,36 +465,50 @@ idem_spi_connect(void)
 }
 
 /*
- * Re-raise the error being handled, adding a hint to a serialization
- * failure that has none: under REPEATABLE READ or SERIALIZABLE, a row of
- * the extension's that another transaction changed after this
- * transaction's snapshot was taken makes PostgreSQL's own UPDATE or
- * INSERT ... ON CONFLICT raise 40001 with a message alone.  "cxt" is the
+ * Re-raise the error being handled, adding a detail and a hint to two
+ * errors PostgreSQL raises with a message alone inside the extension's
+ * statements: a serialization failure (under REPEATABLE READ or
+ * SERIALIZABLE, a row of the extension's that another transaction changed
+ * after this transaction's snapshot was taken), and a write in a read-only
+ * transaction (a standby, or default_transaction_read_only).  "cxt" is the
  * memory context of the caller's PG_TRY.
  */
 static void
-idem_rethrow_with_retry_hint(MemoryContext cxt)
+idem_rethrow_with_hint(MemoryContext cxt)
 {
 	ErrorData  *edata;
 
 	MemoryContextSwitchTo(cxt);
 	edata = CopyErrorData();
-	if (edata->sqlerrcode != ERRCODE_T_R_SERIALIZATION_FAILURE ||
+	if ((edata->sqlerrcode != ERRCODE_T_R_SERIALIZATION_FAILURE &&
+		 edata->sqlerrcode != ERRCODE_READ_ONLY_SQL_TRANSACTION) ||
 		edata->hint != NULL)
 	{
 		FreeErrorData(edata);
 		PG_RE_THROW();
 	}
 	FlushErrorState();
-	if (edata->detail == NULL)
-		edata->detail = pstrdup("Another transaction changed this row of the extension's tables after this transaction's snapshot was taken.");
-	edata->hint = pstrdup("Retry the whole transaction; under READ COMMITTED this does not happen.");
+	if (edata->sqlerrcode == ERRCODE_T_R_SERIALIZATION_FAILURE)
+	{
+		if (edata->detail == NULL)
+			edata->detail = pstrdup("Another transaction changed this row of the extension's tables after this transaction's snapshot was taken.");
+		edata->hint = pstrdup("Retry the whole transaction; under READ COMMITTED this does not happen.");
+	}
+	else
+	{
+		if (edata->detail == NULL)
+			edata->detail = pstrdup(RecoveryInProgress() ?
+									"This server is a standby: this call writes the extension's tables." :
+									"This transaction is read-only: this call writes the extension's tables.");
+		edata->hint = pstrdup("Send the call to the primary, in a read-write transaction; a standby answers replays of finished keys and lookups.");
+	}
 	ReThrowError(edata);
 }
 
 /*
  * SPI_execute_plan, with its result checked; returns the SPI result code.
- * A serialization failure that PostgreSQL raises with no hint gets one.
+ * A serialization failure or a write in a read-only transaction that
+ * PostgreSQL raises with no hint gets one.
  */
 int
 idem_spi_execute(SPIPlanPtr plan, Datum *values, const char *nulls,
@@ -508,7 +523,7 @@ idem_spi_execute(SPIPlanPtr plan, Datum *values, const char *nulls,
 	}
 	PG_CATCH();
 	{
-		idem_rethrow_with_retry_hint(cxt);
+		idem_rethrow_with_hint(cxt);
 	}
 	PG_END_TRY();
 

@@ -293,7 +293,7 @@ maint_run_passes(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes,
 			values[0] = Int32GetDatum(batch_size - (int32) total);
 		}
 		idem_citus_enter((first + pass) % npasses);
-		ret = SPI_execute_plan(idem_saved_plan(cache, sql, nargs, argtypes, 0),
+		ret = idem_spi_execute(idem_saved_plan(cache, sql, nargs, argtypes, 0),
 							   values, nulls, false, 0);
 		if (ret != expected)
 			elog(ERROR, "%s failed: %s", what, SPI_result_code_string(ret));
@@ -403,7 +403,7 @@ sweep_slices(Oid *argtypes, Datum *values, char *nulls, int64 *total)
 	int			ret;
 
 	statevalues[0] = Int32GetDatum(IDEM_SWEEP_DEFAULT_PAGES);
-	ret = SPI_execute_plan(idem_saved_plan(&sweep_state_plan, sweep_state_sql,
+	ret = idem_spi_execute(idem_saved_plan(&sweep_state_plan, sweep_state_sql,
 										 1, statetypes, 0),
 						   statevalues, NULL, true, 1);
 	if (ret != SPI_OK_SELECT || SPI_processed != 1)
@@ -434,7 +434,7 @@ sweep_slices(Oid *argtypes, Datum *values, char *nulls, int64 *total)
 		values[2] = sweep_page_tid(from);
 		values[3] = sweep_page_tid(to);
 		idem_citus_enter(pass);
-		ret = SPI_execute_plan(idem_saved_plan(&sweep_slice_plan, sweep_slice_sql,
+		ret = idem_spi_execute(idem_saved_plan(&sweep_slice_plan, sweep_slice_sql,
 											 4, argtypes, 0),
 							   values, nulls, false, 0);
 		if (ret != SPI_OK_SELECT)
@@ -514,7 +514,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 		total = 0;
 		next = sweep_slices(argtypes, values, nulls, &total);
 		advvalues[0] = Int64GetDatum(next);
-		ret = SPI_execute_plan(idem_saved_plan(&sweep_advance_plan,
+		ret = idem_spi_execute(idem_saved_plan(&sweep_advance_plan,
 											 sweep_advance_sql, 1, advtypes, 0),
 							   advvalues, NULL, false, 0);
 		if (ret != SPI_OK_UPDATE)
@@ -687,7 +687,7 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 	values[3] = CStringGetTextDatum(dbname);
 
 	idem_spi_connect();
-	ret = SPI_execute_plan(idem_saved_plan(&schedule_plan, schedule_sql,
+	ret = idem_spi_execute(idem_saved_plan(&schedule_plan, schedule_sql,
 										 4, argtypes, 0),
 						   values, NULL, false, 1);
 	if (ret != SPI_OK_SELECT || SPI_processed != 1)
@@ -723,7 +723,7 @@ idem_unschedule_maintenance(PG_FUNCTION_ARGS)
 	values[0] = CStringGetTextDatum(jobname);
 
 	idem_spi_connect();
-	ret = SPI_execute_plan(idem_saved_plan(&unschedule_plan, unschedule_sql,
+	ret = idem_spi_execute(idem_saved_plan(&unschedule_plan, unschedule_sql,
 										 1, argtypes, 0),
 						   values, NULL, false, 0);
 	if (ret != SPI_OK_SELECT)
