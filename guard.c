@@ -49,9 +49,27 @@ PG_FUNCTION_INFO_V1(idem_guard_bypass);
 /*
  * The transaction that called idem_guard_bypass, if any: a 64-bit
  * transaction id never comes back, so the bypass ends with its transaction
- * without a callback.
+ * without a callback.  Within it, the subtransaction that owns the bypass:
+ * rolling it back (ROLLBACK TO SAVEPOINT) ends the bypass, as it drops the
+ * reservations made in it; releasing it hands the bypass to its parent.
  */
 static FullTransactionId guard_bypass_fxid = {0};
+static SubTransactionId guard_bypass_subid = InvalidSubTransactionId;
+static bool guard_callback_registered = false;
+
+static void
+guard_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					   SubTransactionId parentSubid,
+					   void *arg pg_attribute_unused())
+{
+	if (!FullTransactionIdIsValid(guard_bypass_fxid) ||
+		mySubid != guard_bypass_subid)
+		return;
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		guard_bypass_fxid = InvalidFullTransactionId;
+	else if (event == SUBXACT_EVENT_COMMIT_SUB)
+		guard_bypass_subid = parentSubid;
+}
 
 /* The scopes a guard accepts, quoted and comma-separated, for messages. */
 static char *
@@ -160,7 +178,19 @@ idem_guard_bypass(PG_FUNCTION_ARGS)
 				 errhint("BEGIN, call idem_guard_bypass(reason), write, then COMMIT: the bypass ends with the transaction.")));
 
 	/* an xid ties the bypass to this transaction and no other */
-	guard_bypass_fxid = GetTopFullTransactionId();
+	if (!guard_callback_registered)
+	{
+		RegisterSubXactCallback(guard_subxact_callback, NULL);
+		guard_callback_registered = true;
+	}
+	/* a second bypass in the transaction keeps the first one's owner */
+	if (!(FullTransactionIdIsValid(guard_bypass_fxid) &&
+		  FullTransactionIdEquals(guard_bypass_fxid,
+								  GetTopFullTransactionIdIfAny())))
+	{
+		guard_bypass_fxid = GetTopFullTransactionId();
+		guard_bypass_subid = GetCurrentSubTransactionId();
+	}
 
 	ereport(LOG,
 			(errmsg("idempotency coverage guard bypassed by role \"%s\" (session user \"%s\"): %s",

@@ -36,6 +36,11 @@ GRANT EXECUTE ON FUNCTION idem_guard_bypass(text) TO idempotency_admin;
  * Every table of the database outside the system and the extensions, with
  * the enabled guards on it: the checklist's "every state-changing path
  * enforces the key".  scopes is empty when a guard accepts any scope.
+ * Enabled means it fires in ordinary sessions (not ENABLE REPLICA).
+ * Partitions are listed too: a statement-level guard on a partitioned
+ * table is not cloned to its partitions, so a write that names a partition
+ * passes it, and the partition shows unguarded (row-level guards are
+ * cloned, and show on every partition).
  */
 CREATE VIEW idempotency.guard_coverage AS
 SELECT c.oid::pg_catalog.regclass AS table_name,
@@ -73,10 +78,9 @@ SELECT c.oid::pg_catalog.regclass AS table_name,
               SELECT NULL WHERE t.tgnargs OPERATOR(pg_catalog.=) 0) AS a
         WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid
           AND t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_require_reservation()'::pg_catalog.regprocedure
-          AND t.tgenabled OPERATOR(pg_catalog.<>) 'D'
+          AND t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::pg_catalog."char"[])
        HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 0) AS g ON true
  WHERE c.relkind OPERATOR(pg_catalog.=) ANY ('{r,p}'::pg_catalog."char"[])
-   AND NOT c.relispartition
    AND n.nspname OPERATOR(pg_catalog.<>) ALL ('{pg_catalog,information_schema,pg_toast,idempotency}'::pg_catalog.name[])
    AND n.nspname::pg_catalog.text NOT LIKE 'pg\_temp\_%'
    AND n.nspname::pg_catalog.text NOT LIKE 'pg\_toast\_temp\_%'

@@ -123,6 +123,21 @@ UPDATE shop.charges SET amount = amount + 1 WHERE id = 6;
 COMMIT;
 -- the bypass ended with its transaction
 SELECT pg_temp.err($$DELETE FROM shop.charges WHERE id = 6$$);
+-- a bypass in a savepoint that rolls back is gone with it, as a
+-- reservation would be; one in a released savepoint lasts
+BEGIN;
+SAVEPOINT s;
+SELECT idem_guard_bypass('rolled back');
+ROLLBACK TO SAVEPOINT s;
+SELECT pg_temp.err($$DELETE FROM shop.charges WHERE id = 6$$);
+SAVEPOINT t;
+SELECT idem_guard_bypass('released');
+RELEASE SAVEPOINT t;
+SAVEPOINT u;
+SELECT pg_temp.err($$UPDATE shop.charges SET amount = amount + 1 WHERE id = 6$$);
+ROLLBACK TO SAVEPOINT u;
+SELECT pg_temp.err($$UPDATE shop.charges SET amount = amount + 1 WHERE id = 6$$);
+ROLLBACK;
 RESET ROLE;
 SELECT id, amount FROM shop.charges ORDER BY id;
 
@@ -159,6 +174,25 @@ SELECT table_name, guarded, events, scopes, triggers
  WHERE table_name::text LIKE 'shop.%' ORDER BY table_name::text;
 ALTER TABLE shop.refunds DISABLE TRIGGER refunds_need_key;
 SELECT table_name, guarded FROM idempotency.guard_coverage WHERE table_name = 'shop.refunds'::regclass;
+-- ENABLE REPLICA: the guard no longer fires in ordinary sessions
+ALTER TABLE shop.refunds ENABLE REPLICA TRIGGER refunds_need_key;
+SELECT table_name, guarded FROM idempotency.guard_coverage WHERE table_name = 'shop.refunds'::regclass;
+-- a partitioned table: a statement-level guard on the parent does not
+-- hold a write that names a partition, and the partition shows unguarded;
+-- a row-level guard is cloned to every partition
+CREATE TABLE shop.pay (id int, amount int) PARTITION BY RANGE (id);
+CREATE TABLE shop.pay_a PARTITION OF shop.pay FOR VALUES FROM (0) TO (100);
+CREATE TRIGGER pay_need_key BEFORE INSERT ON shop.pay
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_require_reservation();
+SELECT pg_temp.err($$INSERT INTO shop.pay VALUES (1, 1)$$);
+SELECT pg_temp.err($$INSERT INTO shop.pay_a VALUES (2, 2)$$);
+SELECT table_name, guarded, triggers FROM idempotency.guard_coverage
+ WHERE table_name::text LIKE 'shop.pay%' ORDER BY table_name::text;
+CREATE TRIGGER pay_rows_need_key BEFORE INSERT ON shop.pay
+    FOR EACH ROW EXECUTE FUNCTION idem_require_reservation();
+SELECT pg_temp.err($$INSERT INTO shop.pay_a VALUES (3, 3)$$);
+SELECT table_name, guarded, triggers FROM idempotency.guard_coverage
+ WHERE table_name::text LIKE 'shop.pay%' ORDER BY table_name::text;
 -- the extension's own tables are not listed
 SELECT count(*) FROM idempotency.guard_coverage WHERE table_name::text LIKE 'idempotency.%';
 
