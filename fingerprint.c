@@ -1044,6 +1044,8 @@ match_pointers(CanonState *st, int depth, const int *active, int nactive,
 	bool		removed = false;
 	int			i;
 
+	/* a long list against a large request: let the statement be cancelled */
+	CHECK_FOR_INTERRUPTS();
 	*nchild = 0;
 	for (i = 0; i < nactive; i++)
 	{

@@ -405,6 +405,9 @@ DECLARE
     p_rate float8;
     p_burst int;
     p_max_live int;
+    msg text;
+    det text;
+    hnt text;
     result idempotency.scopes;
 BEGIN
     IF scope IS NULL OR scope = '' THEN
@@ -506,16 +509,31 @@ BEGIN
     IF v IS NOT NULL AND v <> 'null' THEN
         IF pg_catalog.jsonb_typeof(v) <> 'array'
            OR EXISTS (SELECT FROM pg_catalog.jsonb_array_elements(v) AS e
-                       WHERE pg_catalog.jsonb_typeof(e) <> 'string'
-                          OR pg_catalog.left(e #>> '{}', 1) <> '/') THEN
+                       WHERE pg_catalog.jsonb_typeof(e) <> 'string') THEN
             RAISE EXCEPTION 'scope option "fingerprint_ignore" must be an array of JSON Pointers'
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Pass RFC 6901 pointers to the request members to leave out, such as ["/timestamp", "/meta/trace_id"].';
         END IF;
+        -- every request of the scope compares its members with the list
+        IF pg_catalog.jsonb_array_length(v) > 100 THEN
+            RAISE EXCEPTION 'scope option "fingerprint_ignore" lists at most 100 pointers'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Leave out the few members a retry may change, such as ["/timestamp", "/meta/trace_id"]; a pointer to an object leaves out everything under it.';
+        END IF;
         SELECT pg_catalog.array_agg(e ORDER BY n) INTO p_ignore
           FROM pg_catalog.jsonb_array_elements_text(v) WITH ORDINALITY AS a(e, n);
-        -- the fingerprint module's own checks of the pointers, before the write
-        PERFORM @extschema@.idem_fingerprint('{}'::jsonb, p_ignore);
+        -- the fingerprint module's own checks of the pointers, before the
+        -- write, raised as a wrong option value like every other
+        BEGIN
+            PERFORM @extschema@.idem_fingerprint('{}'::jsonb, p_ignore);
+        EXCEPTION WHEN invalid_text_representation OR invalid_parameter_value THEN
+            GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL,
+                                    hnt = PG_EXCEPTION_HINT;
+            RAISE EXCEPTION 'scope option "fingerprint_ignore": %', msg
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = COALESCE(det, ''),
+                      HINT = COALESCE(hnt, '');
+        END;
     END IF;
 
     v := options -> 'retryable_codes';
@@ -536,8 +554,8 @@ BEGIN
     v := options -> 'new_keys_per_second';
     IF v IS NOT NULL AND v <> 'null' THEN
         IF pg_catalog.jsonb_typeof(v) <> 'number'
-           OR (v #>> '{}')::numeric <= 0 OR (v #>> '{}')::numeric > 1000000 THEN
-            RAISE EXCEPTION 'scope option "new_keys_per_second" must be a number above 0 and at most 1000000'
+           OR (v #>> '{}')::numeric < 0.000001 OR (v #>> '{}')::numeric > 1000000 THEN
+            RAISE EXCEPTION 'scope option "new_keys_per_second" must be a number from 0.000001 to 1000000'
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Pass how many new keys a tenant may create per second in this scope, such as 50 or 0.5.';
         END IF;

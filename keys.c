@@ -321,7 +321,12 @@ idem_keys_init(void)
 							NULL,
 							&idem_default_lock_timeout,
 							5 * 60, 1, INT_MAX,
-							PGC_USERSET,
+							/*
+							 * the caller's value judges other attempts'
+							 * reservations: a session that could lower it
+							 * would take them over
+							 */
+							PGC_SUSET,
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
 
@@ -834,6 +839,8 @@ reserve_wait_lock(LOCKTAG *tag, int timeout_ms)
 		RollbackAndReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcxt);
 		CurrentResourceOwner = oldowner;
+		if (edata->sqlerrcode == ERRCODE_T_R_DEADLOCK_DETECTED)
+			edata->hint = pstrdup("Retry the transaction.  A transaction that reserves several keys with wait should reserve them in one order, such as sorted, so that two of them never wait for each other.");
 		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
 			ReThrowError(edata);
 		FreeErrorData(edata);

@@ -255,10 +255,15 @@ idem_rate_admit(const char *tenant, const char *scope, double per_second,
 	int64		wait_us = 0;
 	bool		admitted;
 
-	interval = (int64) (USECS_PER_SEC / per_second);
+	/*
+	 * idem_configure_scope keeps the rate from 0.000001 (an interval of
+	 * 10^12 us) and the burst to 10^6, so the tolerance stays far below
+	 * int64's range; a row written by hand is clamped the same way.
+	 */
+	interval = (int64) (USECS_PER_SEC / Max(per_second, 0.000001));
 	if (interval < 1)
 		interval = 1;
-	tolerance = interval * (int64) (burst - 1);
+	tolerance = interval * (int64) (Min(Max(burst, 1), 1000000) - 1);
 
 	entry = rate_entry_locked(tenant, scope, "new_keys_per_second");
 	admitted = rate_step(entry, now, interval, tolerance, &wait_us);

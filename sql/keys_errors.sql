@@ -117,6 +117,13 @@ SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"cache_server_err
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"stale_action": "retry"}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"fingerprint_ignore": ["ts"]}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"fingerprint_ignore": ["/a~2"]}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"fingerprint_ignore": [""]}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"fingerprint_ignore": [1]}')$$);
+SELECT pg_temp.err(format('SELECT idem_configure_scope(%L, %L)', 'ke_scope',
+       jsonb_build_object('fingerprint_ignore', (SELECT jsonb_agg('/m' || i) FROM generate_series(1, 101) i))));
+SELECT count(*) FROM idem_configure_scope('ke_scope_100',
+       jsonb_build_object('fingerprint_ignore', (SELECT jsonb_agg('/m' || i) FROM generate_series(1, 100) i)));
+DELETE FROM idempotency.scopes WHERE scope = 'ke_scope_100';
 -- NULL options (22004); intervals that do not parse, or whose expiry would
 -- leave the timestamp range, are refused here, not at every later reserve
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', NULL)$$);

@@ -51,6 +51,9 @@ SELECT count(*) FILTER (WHERE outcome = 'created') > 0 AS some_created,
 
 -- bad values are refused (22023) and change nothing
 SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_per_second": 0}')$$);
+-- below one key in about 12 days the limiter's arithmetic would overflow
+-- (1e-13 never limited, 1e-12 with a burst of 11 refused every key)
+SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_per_second": 1e-13, "new_keys_burst": 2}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_per_second": "10"}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_burst": 1.5}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_burst": 0}')$$);

@@ -93,6 +93,9 @@ SELECT tenant_id, scope, idem_key, status, response_code
 SELECT idem_complete('sec_t', 'orders', 'held', 200, '{"forged": true}');
 SELECT idem_checkpoint('sec_t', 'orders', 'held', 'p');
 SELECT idem_release('sec_t', 'orders', 'held');
+-- ...nor can it make the reservation stale by lowering the lock timeout it
+-- is judged by (a takeover would run the request twice)
+SET idempotency.default_lock_timeout = '1s';
 RESET ROLE;
 SELECT status, response_body, recovery_point FROM idempotency.keys
  WHERE tenant_id = 'sec_t' AND idem_key = 'held';
