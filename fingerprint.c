@@ -707,12 +707,26 @@ path_to_pointer(const PathStep *path)
 
 			for (i = 0; i < s->keylen; i++)
 			{
-				if (s->key[i] == '~')
+				unsigned char c = (unsigned char) s->key[i];
+
+				/*
+				 * RFC 6901 escapes, then escaped as a JSON string, as the
+				 * messages quote it: a member name's quotes and control
+				 * characters cannot break the message or the log line
+				 */
+				if (c == '~')
 					appendStringInfoString(&buf, "~0");
-				else if (s->key[i] == '/')
+				else if (c == '/')
 					appendStringInfoString(&buf, "~1");
+				else if (c == '"' || c == '\\')
+				{
+					appendStringInfoChar(&buf, '\\');
+					appendStringInfoChar(&buf, (char) c);
+				}
+				else if (c < 0x20)
+					appendStringInfo(&buf, "\\u%04x", c);
 				else
-					appendStringInfoChar(&buf, s->key[i]);
+					appendStringInfoChar(&buf, (char) c);
 			}
 		}
 	}

@@ -101,6 +101,9 @@ SELECT idem_canonical('[-1e309]');
 SELECT idem_canonical('-1e309');
 -- a number that is not zero but rounds to zero (22003)
 SELECT idem_fingerprint('{"rate": 1e-400}');
+-- the pointer is quoted as a JSON string: a member name's quotes, \ and
+-- control characters are escaped (after RFC 6901's ~0 and ~1)
+SELECT idem_fingerprint(E'{"a\\"b\\n~/": [1e400]}');
 -- a malformed pointer (22P02)
 SELECT idem_fingerprint('{"a": 1}', ARRAY['metadata/sent_at']);
 SELECT idem_fingerprint('{"a": 1}', ARRAY['/a~2b']);
