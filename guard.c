@@ -104,7 +104,9 @@ idem_require_reservation(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("idem_require_reservation() must be called as a trigger"),
-				 errhint("Attach it to a table with CREATE TRIGGER ... EXECUTE FUNCTION idempotency.idem_require_reservation('scope').")));
+				 errhint("Attach it to a table with CREATE TRIGGER ... EXECUTE FUNCTION %s('scope').",
+						 quote_qualified_identifier(get_namespace_name(get_func_namespace(fcinfo->flinfo->fn_oid)),
+													"idem_require_reservation"))));
 
 	trigger = trigdata->tg_trigger;
 	rel = trigdata->tg_relation;

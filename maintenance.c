@@ -630,6 +630,14 @@ maint_require_pg_cron(const char *sql_there)
 				 errhint("Add pg_cron to shared_preload_libraries, restart, run CREATE EXTENSION pg_cron in the database named by cron.database_name, and there run: %s",
 						 sql_there)));
 
+	if (strcmp(crondb, get_database_name(MyDatabaseId)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("pg_cron is not installed in database \"%s\"",
+						crondb),
+				 errdetail("This is the database named by cron.database_name, but CREATE EXTENSION pg_cron has not been run in it."),
+				 errhint("Run CREATE EXTENSION pg_cron in this database as a superuser, then call this function again.")));
+
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 			 errmsg("pg_cron is not installed in database \"%s\"",
@@ -660,9 +668,10 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 	char	   *jobname;
 	char	   *command;
 	char	   *dbname;
-	int			ret;
+	volatile int ret = 0;
 	bool		isnull;
 	int64		jobid;
+	MemoryContext callcxt;
 
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
@@ -687,9 +696,28 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 	values[3] = CStringGetTextDatum(dbname);
 
 	idem_spi_connect();
-	ret = idem_spi_execute(idem_saved_plan(&schedule_plan, schedule_sql,
-										 4, argtypes, 0),
-						   values, NULL, false, 1);
+	callcxt = CurrentMemoryContext;
+	PG_TRY();
+	{
+		ret = idem_spi_execute(idem_saved_plan(&schedule_plan, schedule_sql,
+											 4, argtypes, 0),
+							   values, NULL, false, 1);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		/* pg_cron refuses a schedule it cannot parse with a message alone */
+		MemoryContextSwitchTo(callcxt);
+		edata = CopyErrorData();
+		if (edata->sqlerrcode != ERRCODE_INVALID_PARAMETER_VALUE ||
+			edata->hint != NULL)
+			PG_RE_THROW();
+		FlushErrorState();
+		edata->hint = pstrdup("Pass a cron schedule of five fields, such as '* * * * *' (every minute) or '*/5 * * * *'; pg_cron runs a job at most once a minute.");
+		ReThrowError(edata);
+	}
+	PG_END_TRY();
 	if (ret != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "scheduling the maintenance job failed: %s",
 			 SPI_result_code_string(ret));

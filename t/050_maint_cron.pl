@@ -13,7 +13,24 @@ plan skip_all => 'pg_cron is not installed for this server' unless have_pg_cron(
 # cluster's Unix socket directory (the test clusters do not listen on TCP)
 my $node = new_idem_node('cron',
 	conf => "cron.host = '$PostgreSQL::Test::Cluster::test_pghost'\n");
+
+# in pg_cron's database before CREATE EXTENSION pg_cron: the hint says to
+# create it there (the statement for another database would fail)
+my ($ret, $out, $err) =
+  $node->psql('postgres', "\\set VERBOSITY verbose\nSELECT idem_schedule_maintenance()");
+like($err, qr/55000: pg_cron is not installed in database "postgres"/,
+	'pg_cron database without the extension: 55000');
+like($err, qr/HINT:  Run CREATE EXTENSION pg_cron in this database/,
+	'the hint says to create pg_cron there');
 $node->safe_psql('postgres', 'CREATE EXTENSION pg_cron');
+
+# a schedule pg_cron cannot parse: 22023 with a hint, no job
+($ret, $out, $err) =
+  $node->psql('postgres', "\\set VERBOSITY verbose\nSELECT idem_schedule_maintenance('bogus')");
+like($err, qr/22023:/, 'a bad schedule: 22023');
+like($err, qr/HINT:  Pass a cron schedule of five fields/, 'with a hint');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM cron.job'), '0',
+	'and no job');
 $node->safe_psql('postgres', 'CREATE DATABASE shop');
 $node->safe_psql('shop', 'CREATE EXTENSION idempotency');
 
@@ -50,7 +67,7 @@ is($node->safe_psql('postgres', "SELECT idem_schedule_maintenance('* * * * *')")
 	$jobid, 'scheduling again updates the same job');
 
 # elsewhere, the error's hint is the exact statement to run in pg_cron's database
-my ($ret, $out, $err) = $node->psql('shop', 'SELECT idem_schedule_maintenance()');
+($ret, $out, $err) = $node->psql('shop', 'SELECT idem_schedule_maintenance()');
 isnt($ret, 0, 'no pg_cron in database shop: error');
 like($err, qr/pg_cron is not installed in database "shop"/, 'error says why');
 my ($hint_sql) = $err =~ /HINT:\s+Connect to database "postgres" as a superuser and run: (.*;)/;
