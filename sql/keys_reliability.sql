@@ -207,6 +207,18 @@ SELECT outcome, lock_token <> :'w2' AS new_token
 SELECT outcome FROM idem_reserve('kr_a', 'kr_wlong', 'w-3', fingerprint => sha256('w'));
 SELECT outcome, retry_after BETWEEN 1 AND 9 AS counted_from_the_answer
   FROM idem_reserve('kr_a', 'kr_wlong', 'w-3', wait => '1.5 seconds', fingerprint => sha256('w'));
+-- a flagged key's own attempt may still end it: completing with its token
+-- stores the response and clears the flag, releasing frees the key
+SELECT lock_token AS w4 FROM idem_reserve('kr_a', 'kr_wfail', 'w-4', fingerprint => sha256('w')) \gset
+SELECT lock_token AS w5 FROM idem_reserve('kr_a', 'kr_wfail', 'w-5', fingerprint => sha256('w')) \gset
+SELECT pg_sleep(1.1);
+SELECT outcome FROM idem_reserve('kr_a', 'kr_wfail', 'w-4', fingerprint => sha256('w'));
+SELECT outcome FROM idem_reserve('kr_a', 'kr_wfail', 'w-5', fingerprint => sha256('w'));
+SELECT idem_complete('kr_a', 'kr_wfail', 'w-4', 201, '{"id": 4}', lock_token => :'w4');
+SELECT count(*) AS released FROM (SELECT idem_release('kr_a', 'kr_wfail', 'w-5', :'w5')) r;
+SELECT idem_key, status, needs_reconciliation FROM idem_lookup('kr_a', 'kr_wfail', 'w-4');
+SELECT count(*) AS w5_rows FROM idem_lookup('kr_a', 'kr_wfail', 'w-5');
+SELECT outcome, response_code FROM idem_reserve('kr_a', 'kr_wfail', 'w-4', fingerprint => sha256('w'));
 
 DELETE FROM idempotency.keys WHERE tenant_id = 'kr_a';
 DELETE FROM idempotency.scopes WHERE scope LIKE 'kr\_%';
