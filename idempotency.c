@@ -330,6 +330,43 @@ idem_interval_datum(Interval iv)
 }
 
 /*
+ * idem_check_interval
+ *		Check the interval argument "name": not negative (nor zero unless
+ * "zero_ok"), and at most IDEM_MAX_INTERVAL_YEARS, compared as
+ * PostgreSQL compares intervals.  A longer one would hold a row (and its
+ * ordering key) for good, or overflow the timestamp it is added to once
+ * the statement runs; both are refused here, before anything is written,
+ * with 22023 and "hint".
+ */
+void
+idem_check_interval(Interval *iv, const char *name, bool zero_ok,
+					const char *hint)
+{
+	Interval	bound;
+	int			sign;
+
+	memset(&bound, 0, sizeof(bound));
+	sign = DatumGetInt32(DirectFunctionCall2(interval_cmp,
+											 IntervalPGetDatum(iv),
+											 IntervalPGetDatum(&bound)));
+	if (sign < 0 || (sign == 0 && !zero_ok))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 zero_ok ? errmsg("%s must not be negative", name) :
+				 errmsg("%s must be positive", name),
+				 errhint("%s", hint)));
+	bound.month = IDEM_MAX_INTERVAL_YEARS * MONTHS_PER_YEAR;
+	if (DatumGetInt32(DirectFunctionCall2(interval_cmp,
+										  IntervalPGetDatum(iv),
+										  IntervalPGetDatum(&bound))) > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be at most %d years", name,
+						IDEM_MAX_INTERVAL_YEARS),
+				 errhint("%s", hint)));
+}
+
+/*
  * idem_check_name_length
  *		A tenant or scope name is part of the keys' primary key: refuse one
  *		over IDEM_MAX_NAME_LEN bytes (22001) before anything is written,

@@ -71,6 +71,15 @@ extern Datum idem_interval_datum(Interval iv);
 /* 22001 when a tenant or scope name is over IDEM_MAX_NAME_LEN bytes. */
 extern void idem_check_name_length(const char *what, const char *value);
 
+/*
+ * The longest interval argument (a ttl, lock_timeout, deliver_after, lease,
+ * retry_in or older_than): longer ones would hold a row for good or
+ * overflow the timestamp they are added to.
+ */
+#define IDEM_MAX_INTERVAL_YEARS 1000
+extern void idem_check_interval(Interval *iv, const char *name, bool zero_ok,
+								const char *hint);
+
 /* The tenant the calling role is bound to, or NULL. */
 extern const char *idem_bound_tenant(void);
 

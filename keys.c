@@ -99,7 +99,7 @@
 #define RETRY_AFTER_MAX		60
 
 /* Longest ttl and wait accepted. */
-#define MAX_TTL_USECS	((int64) 1000 * MONTHS_PER_YEAR * DAYS_PER_MONTH * USECS_PER_DAY)
+#define MAX_TTL_USECS	((int64) IDEM_MAX_INTERVAL_YEARS * MONTHS_PER_YEAR * DAYS_PER_MONTH * USECS_PER_DAY)
 #define MAX_WAIT_USECS	((int64) USECS_PER_DAY)
 
 /* Attempts before giving up when a conflicting row vanishes under us. */
@@ -1784,14 +1784,19 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 
 	for (;;)
 	{
+		bool		locked;
 		bool		wrote;
 
 		memset(&ans, 0, sizeof(ans));
-		if (!reserve_claim_lock(&tag, deadline))
-		{
-			/* the answer is as of now, after the wait */
-			now = GetCurrentTimestamp();
+		locked = reserve_claim_lock(&tag, deadline);
 
+		/*
+		 * As of now: after a wait, a reservation may have turned stale, and
+		 * retry_after counts from here.
+		 */
+		now = GetCurrentTimestamp();
+		if (!locked)
+		{
 			/*
 			 * The lock is busy.  A finished key is answered from its row all
 			 * the same (the holder may be another retry being answered);
@@ -1805,12 +1810,6 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 			ans.retry_after = 1;
 			break;
 		}
-
-		/*
-		 * As of now: after a wait, a reservation may have turned stale, and
-		 * retry_after counts from here.
-		 */
-		now = GetCurrentTimestamp();
 		wrote = reserve_attempt(&id, fingerprint, &ttl, &lock_timeout,
 								&policy, now, &ans);
 		if (!wrote)

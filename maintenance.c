@@ -483,24 +483,9 @@ idem_sweep(PG_FUNCTION_ARGS)
 	else
 	{
 		Interval   *older_than = PG_GETARG_INTERVAL_P(0);
-		Interval   *bound = (Interval *) palloc0(sizeof(Interval));
 
-		if (DatumGetInt32(DirectFunctionCall2(interval_cmp,
-											  IntervalPGetDatum(older_than),
-											  IntervalPGetDatum(bound))) <= 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("older_than must be a positive interval"),
-					 errhint("Pass the age after which a processing key counts as stale, such as '10 minutes', or NULL for each scope's lock_timeout.")));
-		/* as a scope's lock_timeout; older would overflow the timestamp */
-		bound->month = 1000 * MONTHS_PER_YEAR;
-		if (DatumGetInt32(DirectFunctionCall2(interval_cmp,
-											  IntervalPGetDatum(older_than),
-											  IntervalPGetDatum(bound))) > 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("older_than must be at most 1000 years"),
-					 errhint("Pass the age after which a processing key counts as stale, such as '10 minutes', or NULL for each scope's lock_timeout.")));
+		idem_check_interval(older_than, "older_than", false,
+							"Pass the age after which a processing key counts as stale, such as '10 minutes', or NULL for each scope's lock_timeout.");
 		values[0] = IntervalPGetDatum(older_than);
 	}
 	values[1] = idem_interval_datum(idem_seconds_interval(idem_default_lock_timeout));

@@ -100,9 +100,6 @@ int			idem_outbox_retention = 7 * 24 * 60 * 60;
 /* Longest worker name, in bytes: it is only a label in leased_by. */
 #define OUTBOX_MAX_WORKER_LEN 255
 
-/* the longest deliver_after, lease or retry_in, as idem_reserve's ttl */
-#define OUTBOX_MAX_INTERVAL_YEARS 1000
-
 /*
  * Backoff of outbox_nack when the worker gives no retry_in:
  * min(cap, base * 2^(attempts - 1)) * jitter, jitter uniform in [0.5, 1.0),
@@ -631,41 +628,6 @@ outbox_tenant_arg(FunctionCallInfo fcinfo, int argno)
 	return tenant;
 }
 
-/*
- * Check the interval argument "name": not negative (nor zero unless
- * "zero_ok"), and at most OUTBOX_MAX_INTERVAL_YEARS, compared as
- * PostgreSQL compares intervals.  A longer one would hold a row (and its
- * ordering key) for good, or overflow the timestamp it is added to once
- * the statement runs; both are refused here, before anything is written,
- * with 22023 and "hint".
- */
-static void
-outbox_check_interval(Interval *iv, const char *name, bool zero_ok,
-					  const char *hint)
-{
-	Interval	bound;
-	int			sign;
-
-	memset(&bound, 0, sizeof(bound));
-	sign = DatumGetInt32(DirectFunctionCall2(interval_cmp,
-											 IntervalPGetDatum(iv),
-											 IntervalPGetDatum(&bound)));
-	if (sign < 0 || (sign == 0 && !zero_ok))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 zero_ok ? errmsg("%s must not be negative", name) :
-				 errmsg("%s must be positive", name),
-				 errhint("%s", hint)));
-	bound.month = OUTBOX_MAX_INTERVAL_YEARS * MONTHS_PER_YEAR;
-	if (DatumGetInt32(DirectFunctionCall2(interval_cmp,
-										  IntervalPGetDatum(iv),
-										  IntervalPGetDatum(&bound))) > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must be at most %d years", name,
-						OUTBOX_MAX_INTERVAL_YEARS),
-				 errhint("%s", hint)));
-}
 
 /*
  * Raise the error that explains why an update by (tenant, id) touched no
@@ -1102,8 +1064,8 @@ outbox_enqueue_args(FunctionCallInfo fcinfo, OutboxEnqueueArgs *a)
 	if (!PG_ARGISNULL(6))
 	{
 		deliver_after = PG_GETARG_INTERVAL_P(6);
-		outbox_check_interval(deliver_after, "deliver_after", true,
-							  "Pass '0' to deliver at once, or a positive delay.");
+		idem_check_interval(deliver_after, "deliver_after", true,
+							"Pass '0' to deliver at once, or a positive delay.");
 	}
 	if (!PG_ARGISNULL(7))
 	{
@@ -1299,8 +1261,8 @@ outbox_claim_args(FunctionCallInfo fcinfo, char **worker, int32 *batch,
 				 errdetail("The value given is %d.", *batch),
 				 errhint("Pass the number of rows the worker can deliver within one lease.")));
 	*lease = PG_GETARG_INTERVAL_P(2);
-	outbox_check_interval(*lease, "lease", false,
-						  "Pass how long the worker needs to deliver the batch, for example '30 seconds'.");
+	idem_check_interval(*lease, "lease", false,
+						"Pass how long the worker needs to deliver the batch, for example '30 seconds'.");
 	if (!PG_ARGISNULL(4))
 	{
 		*tenant = text_to_cstring(PG_GETARG_TEXT_PP(4));
@@ -1803,8 +1765,8 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 	idem_require_arg(fcinfo, 2, "lease_token");
 	id = PG_GETARG_INT64(1);
 	if (!PG_ARGISNULL(4))
-		outbox_check_interval(PG_GETARG_INTERVAL_P(4), "retry_in", true,
-							  "Pass '0' to retry at once, or NULL for exponential backoff.");
+		idem_check_interval(PG_GETARG_INTERVAL_P(4), "retry_in", true,
+							"Pass '0' to retry at once, or NULL for exponential backoff.");
 
 	/* uniform in [0.5, 1.0): spreads retries of rows that failed together */
 	jitter = 0.5 + 0.5 * pg_prng_double(&pg_global_prng_state);
@@ -1899,8 +1861,8 @@ idem_outbox_extend(PG_FUNCTION_ARGS)
 	idem_require_arg(fcinfo, 2, "lease_token");
 	idem_require_arg(fcinfo, 3, "lease");
 	id = PG_GETARG_INT64(1);
-	outbox_check_interval(PG_GETARG_INTERVAL_P(3), "lease", false,
-						  "Pass how much longer the delivery needs from now, for example '30 seconds'.");
+	idem_check_interval(PG_GETARG_INTERVAL_P(3), "lease", false,
+						"Pass how much longer the delivery needs from now, for example '30 seconds'.");
 
 	values[0] = CStringGetTextDatum(tenant);
 	values[1] = Int64GetDatum(id);
@@ -2067,8 +2029,8 @@ idem_outbox_nack_many(PG_FUNCTION_ARGS)
 	tenant = outbox_tenant_arg(fcinfo, 0);
 	n = outbox_batch_args(fcinfo, values);
 	if (!PG_ARGISNULL(4))
-		outbox_check_interval(PG_GETARG_INTERVAL_P(4), "retry_in", true,
-							  "Pass '0' to retry at once, or NULL for exponential backoff.");
+		idem_check_interval(PG_GETARG_INTERVAL_P(4), "retry_in", true,
+							"Pass '0' to retry at once, or NULL for exponential backoff.");
 
 	/* one jitter per row, uniform in [0.5, 1.0), as outbox_nack's */
 	jitters = palloc(sizeof(Datum) * Max(n, 1));
