@@ -49,12 +49,18 @@
 
 #include "access/detoast.h"
 #include "access/genam.h"
+#include "access/heapam.h"
 #include "access/stratnum.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/index.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_index.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
@@ -240,13 +246,20 @@ typedef enum KeysAtt
 	KEYS_ATT_RESPONSE_HEADERS,
 	KEYS_ATT_NEEDS_RECONCILIATION,
 	KEYS_ATT_EXPIRES_AT,
+	/* the rest, for keys_insert_row */
+	KEYS_ATT_TENANT_ID,
+	KEYS_ATT_SCOPE,
+	KEYS_ATT_IDEM_KEY,
+	KEYS_ATT_CREATED_AT,
+	KEYS_ATT_COMPLETED_AT,
 	KEYS_ATT_COUNT
 } KeysAtt;
 
 static const char *const keys_att_names[KEYS_ATT_COUNT] = {
 	"fingerprint", "status", "lock_token", "locked_at", "recovery_point",
 	"response_code", "response_body", "response_headers",
-	"needs_reconciliation", "expires_at"
+	"needs_reconciliation", "expires_at",
+	"tenant_id", "scope", "idem_key", "created_at", "completed_at"
 };
 static AttrNumber keys_attnum[KEYS_ATT_COUNT];
 static Oid	reservation_relid = InvalidOid;
@@ -266,6 +279,24 @@ typedef struct HeldKey
 	SubTransactionId subid;
 	pg_uuid_t	token;
 	char	   *scope;			/* in TopTransactionContext; for the guard */
+
+	/*
+	 * A new key's row is written once: reserving it only takes the key's
+	 * lock and records the row here ("pending"); completing it inserts the
+	 * finished row, releasing it drops the record, and a reservation still
+	 * pending at commit (or PREPARE) is inserted then, as "processing".
+	 * Any other access to the key inserts it first.  The lock, held to the
+	 * end of the transaction, answers other sessions as the uncommitted
+	 * row did.  consumed_subid is the subtransaction that wrote or dropped
+	 * the pending row: if it aborts, the row is pending again.
+	 */
+	bool		pending;
+	SubTransactionId consumed_subid;
+	Datum		ident[3];		/* tenant, scope, key as text */
+	bytea	   *fingerprint;
+	TimestampTz locked_at;
+	TimestampTz expires_at;
+	Oid			owner;			/* the role that writes it: the functions' */
 } HeldKey;
 
 static HTAB *held_keys = NULL;
@@ -274,6 +305,7 @@ static HTAB *scope_cache = NULL;
 
 /* Saved plans, prepared on first use. */
 static SPIPlanPtr plan_insert = NULL;
+static SPIPlanPtr plan_insert_done = NULL;
 static SPIPlanPtr plan_renew = NULL;
 static SPIPlanPtr plan_takeover = NULL;
 static SPIPlanPtr plan_flag = NULL;
@@ -665,12 +697,19 @@ keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
  * ----------------------------------------------------------------
  */
 
+static void held_flush_all(void);
+static bool held_flush_key(KeyIdent *id);
+
 static void
 held_xact_callback(XactEvent event, void *arg)
 {
 	(void) arg;
 	switch (event)
 	{
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PRE_PREPARE:
+			held_flush_all();
+			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_ABORT:
@@ -705,6 +744,13 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	{
 		if (entry->subid >= mySubid)
 			(void) hash_search(held_keys, &entry->hash, HASH_REMOVE, NULL);
+		else if (entry->fingerprint != NULL && !entry->pending &&
+				 entry->consumed_subid >= mySubid)
+		{
+			/* the write (or the release) of the pending row is undone */
+			entry->pending = true;
+			entry->consumed_subid = InvalidSubTransactionId;
+		}
 	}
 }
 
@@ -739,6 +785,9 @@ held_remember(KeyIdent *id, const pg_uuid_t *token)
 		/* a later proof of the same key keeps the first (outermost) subid */
 		entry->subid = GetCurrentSubTransactionId();
 		entry->scope = MemoryContextStrdup(TopTransactionContext, id->scope);
+		entry->pending = false;
+		entry->consumed_subid = InvalidSubTransactionId;
+		entry->fingerprint = NULL;
 	}
 	entry->token = *token;
 }
@@ -1088,6 +1137,9 @@ keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 	bool		found;
 	int			i;
 
+	/* this transaction's own new reservation is read from its row */
+	if (held_keys != NULL)
+		held_flush_key(id);
 	CommandCounterIncrement();
 	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
 								GetTransactionSnapshot());
@@ -1183,6 +1235,293 @@ reserve_insert(Datum *values)
 					" VALUES ($1, $2, $3, $4, $5, $6, $6, $7)",
 					7, argtypes, 0);
 	idem_spi_execute(plan_insert, values, NULL, false, 0);
+}
+
+/*
+ * Insert a row of idempotency.keys given by column (KeysAtt), without the
+ * executor: the heap insert and one insert per index, as catalog rows are
+ * written.  This is the one write of a new key, so its cost is the cost
+ * of a request; an INSERT through SPI spends as much again starting the
+ * executor.  Only for the table as the extension creates it, or with
+ * more plain indexes: a column, trigger, CHECK constraint, row security
+ * policy or an index with expressions, a predicate, an exclusion or a
+ * deferred uniqueness that it does not know makes it return false, and the
+ * caller inserts through SPI.  The unique index is checked as any insert
+ * checks it; the caller holds the key's lock and has found no row.
+ */
+static bool
+keys_insert_row(Datum *colvalues, bool *colnulls)
+{
+	Relation	heap;
+	TupleDesc	desc;
+	Datum	   *values = NULL;
+	bool	   *nulls = NULL;
+	HeapTuple	tuple = NULL;
+	List	   *indexes;
+	ListCell   *lc;
+	Relation   *rels;
+	int			nindexes;
+	bool		plain = true;
+	int			natts = 0;
+	int			i;
+
+	if (idem_citus_distributed())
+		return false;
+	heap = table_open(keys_relid, RowExclusiveLock);
+	desc = RelationGetDescr(heap);
+	for (i = 0; i < desc->natts; i++)
+		if (!TupleDescAttr(desc, i)->attisdropped)
+			natts++;
+	if (natts != KEYS_ATT_COUNT ||
+		heap->rd_rel->relkind != RELKIND_RELATION ||
+		heap->rd_rel->relam != HEAP_TABLE_AM_OID ||
+		heap->rd_rel->relrowsecurity ||
+		heap->trigdesc != NULL ||
+		(desc->constr != NULL &&
+		 (desc->constr->num_check > 0 || desc->constr->has_generated_stored)))
+	{
+		table_close(heap, NoLock);
+		return false;
+	}
+	indexes = RelationGetIndexList(heap);
+	nindexes = list_length(indexes);
+	rels = palloc(nindexes * sizeof(Relation));
+	i = 0;
+	foreach(lc, indexes)
+	{
+		Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
+		Form_pg_index ix = index->rd_index;
+
+		rels[i++] = index;
+		if (!ix->indimmediate || ix->indisexclusion ||
+			!heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) ||
+			!heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL))
+			plain = false;
+	}
+	list_free(indexes);
+	if (plain)
+	{
+		values = palloc0(desc->natts * sizeof(Datum));
+		nulls = palloc(desc->natts * sizeof(bool));
+		memset(nulls, true, desc->natts * sizeof(bool));
+		for (i = 0; i < KEYS_ATT_COUNT; i++)
+		{
+			values[keys_attnum[i] - 1] = colvalues[i];
+			nulls[keys_attnum[i] - 1] = colnulls[i];
+		}
+		tuple = heap_form_tuple(desc, values, nulls);
+		simple_heap_insert(heap, tuple);
+	}
+	for (int n = 0; n < nindexes; n++)
+	{
+		Relation	index = rels[n];
+
+		if (plain)
+		{
+			IndexInfo  *info = BuildIndexInfo(index);
+			Datum		ivalues[INDEX_MAX_KEYS];
+			bool		inulls[INDEX_MAX_KEYS];
+
+			/* an index being built concurrently takes rows once ready */
+			if (info->ii_ReadyForInserts)
+			{
+				for (i = 0; i < info->ii_NumIndexAttrs; i++)
+				{
+					AttrNumber	attnum = info->ii_IndexAttrNumbers[i];
+
+					ivalues[i] = values[attnum - 1];
+					inulls[i] = nulls[attnum - 1];
+				}
+				(void) index_insert(index, ivalues, inulls, &tuple->t_self,
+									heap, index->rd_index->indisunique ?
+									UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
+									false, info);
+			}
+		}
+		index_close(index, NoLock);
+	}
+	table_close(heap, NoLock);
+	return plain;
+}
+
+/*
+ * Whether a new reservation of the key may be kept pending (HeldKey): not
+ * where the insert must fail now (a read-only transaction, a standby), not
+ * on Citus (the shard's write belongs to the statement), and not for a key
+ * this transaction already held in any way.
+ */
+static bool
+held_may_defer(uint64 hash)
+{
+	if (XactReadOnly || RecoveryInProgress() || idem_citus_distributed())
+		return false;
+	return held_keys == NULL ||
+		hash_search(held_keys, &hash, HASH_FIND, NULL) == NULL;
+}
+
+/*
+ * Keep a new reservation pending; "values" are reserve_insert's.  Returns
+ * false (and records nothing) when it must be inserted now.
+ */
+static bool
+held_defer(KeyIdent *id, Datum *values)
+{
+	uint64		hash = keys_hash(id);
+	MemoryContext oldcxt;
+	HeldKey    *entry;
+	int			i;
+
+	if (!held_may_defer(hash))
+		return false;
+	held_remember(id, DatumGetUUIDP(values[4]));
+	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_FIND, NULL);
+	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
+	for (i = 0; i < 3; i++)
+		entry->ident[i] = PointerGetDatum(DatumGetTextPCopy(values[i]));
+	entry->fingerprint = DatumGetByteaPCopy(values[3]);
+	MemoryContextSwitchTo(oldcxt);
+	entry->locked_at = DatumGetTimestampTz(values[5]);
+	entry->expires_at = DatumGetTimestampTz(values[6]);
+	entry->owner = GetUserId();
+	entry->pending = true;
+	entry->consumed_subid = InvalidSubTransactionId;
+	return true;
+}
+
+/* The key's pending reservation in this transaction, or NULL. */
+static HeldKey *
+held_pending(KeyIdent *id)
+{
+	uint64		hash;
+	HeldKey    *entry;
+
+	if (held_keys == NULL)
+		return NULL;
+	hash = keys_hash(id);
+	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_FIND, NULL);
+	return entry != NULL && entry->pending ? entry : NULL;
+}
+
+/* The pending row has been written or dropped in this subtransaction. */
+static void
+held_consume(HeldKey *entry)
+{
+	entry->pending = false;
+	entry->consumed_subid = GetCurrentSubTransactionId();
+}
+
+/*
+ * The columns of a pending reservation's row, for keys_insert_row: as
+ * reserve_insert writes it, "processing".
+ */
+static void
+held_row(HeldKey *entry, Datum *values, bool *nulls)
+{
+	int			i;
+
+	for (i = 0; i < KEYS_ATT_COUNT; i++)
+	{
+		values[i] = (Datum) 0;
+		nulls[i] = true;
+	}
+#define HELD_SET(a, v) (values[a] = (v), nulls[a] = false)
+	HELD_SET(KEYS_ATT_TENANT_ID, entry->ident[0]);
+	HELD_SET(KEYS_ATT_SCOPE, entry->ident[1]);
+	HELD_SET(KEYS_ATT_IDEM_KEY, entry->ident[2]);
+	HELD_SET(KEYS_ATT_FINGERPRINT, PointerGetDatum(entry->fingerprint));
+	HELD_SET(KEYS_ATT_STATUS, ObjectIdGetDatum(status_oids[STATUS_PROCESSING]));
+	HELD_SET(KEYS_ATT_LOCK_TOKEN, UUIDPGetDatum(&entry->token));
+	HELD_SET(KEYS_ATT_LOCKED_AT, TimestampTzGetDatum(entry->locked_at));
+	HELD_SET(KEYS_ATT_NEEDS_RECONCILIATION, BoolGetDatum(false));
+	HELD_SET(KEYS_ATT_CREATED_AT, TimestampTzGetDatum(entry->locked_at));
+	HELD_SET(KEYS_ATT_EXPIRES_AT, TimestampTzGetDatum(entry->expires_at));
+#undef HELD_SET
+}
+
+/* Insert a pending reservation as the "processing" row it stands for. */
+static void
+held_flush(HeldKey *entry)
+{
+	Datum		cols[KEYS_ATT_COUNT];
+	bool		colnulls[KEYS_ATT_COUNT];
+
+	held_row(entry, cols, colnulls);
+	if (!keys_insert_row(cols, colnulls))
+	{
+		Datum		values[7];
+
+		memcpy(values, entry->ident, sizeof(entry->ident));
+		values[3] = PointerGetDatum(entry->fingerprint);
+		values[4] = UUIDPGetDatum(&entry->token);
+		values[5] = TimestampTzGetDatum(entry->locked_at);
+		values[6] = TimestampTzGetDatum(entry->expires_at);
+		reserve_insert(values);
+	}
+	held_consume(entry);
+}
+
+/*
+ * Write the key's row now if this transaction keeps it pending; returns
+ * whether it did (a read-only statement's snapshot would not see it).
+ */
+static bool
+held_flush_key(KeyIdent *id)
+{
+	HeldKey    *entry = held_pending(id);
+
+	if (entry == NULL)
+		return false;
+	held_flush(entry);
+	return true;
+}
+
+/* At commit or PREPARE: write every reservation still pending. */
+static void
+held_flush_all(void)
+{
+	HASH_SEQ_STATUS status;
+	HeldKey    *entry;
+	bool		connected = false;
+	Oid			save_userid;
+	int			save_sec_context;
+	int			save_nestlevel = 0;
+
+	if (held_keys == NULL)
+		return;
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	hash_seq_init(&status, held_keys);
+	while ((entry = (HeldKey *) hash_seq_search(&status)) != NULL)
+	{
+		if (!entry->pending)
+			continue;
+		if (!connected)
+		{
+			/*
+			 * As the key functions run: with their search_path, in a
+			 * snapshot of ours (the portals are closed).  An error aborts
+			 * the transaction, which restores the role and the settings.
+			 */
+			save_nestlevel = NewGUCNestLevel();
+			(void) set_config_option("search_path", "pg_catalog, pg_temp",
+									 PGC_USERSET, PGC_S_SESSION,
+									 GUC_ACTION_SAVE, true, 0, false);
+			PushActiveSnapshot(GetTransactionSnapshot());
+			idem_spi_connect();
+			connected = true;
+		}
+		/* as the role that reserved it, the owner of the key functions */
+		SetUserIdAndSecContext(entry->owner,
+							   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+							   SECURITY_RESTRICTED_OPERATION);
+		held_flush(entry);
+		SetUserIdAndSecContext(save_userid, save_sec_context);
+	}
+	if (connected)
+	{
+		SPI_finish();
+		PopActiveSnapshot();
+		AtEOXact_GUC(true, save_nestlevel);
+	}
 }
 
 /*
@@ -1575,7 +1914,8 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 			if (reserve_rate_limited(id, policy, now, ans))
 				return false;
 			idem_new_token(token);
-			reserve_insert(newvalues);
+			if (!held_defer(id, newvalues))
+				reserve_insert(newvalues);
 			ans->outcome = OUTCOME_CREATED;
 			ans->has_token = true;
 			ans->token = *token;
@@ -1977,7 +2317,20 @@ keys_delete_reservation(KeyIdent *id, pg_uuid_t *token, const char *action)
 	Oid			argtypes[4] = {TEXTOID, TEXTOID, TEXTOID, UUIDOID};
 	Datum		values[4];
 	char		nulls[4] = "    ";
+	HeldKey    *pending = held_pending(id);
 
+	if (pending != NULL)
+	{
+		/* this transaction's pending reservation: nothing was written */
+		if (token == NULL ||
+			memcmp(token->data, pending->token.data, UUID_LEN) == 0)
+		{
+			held_consume(pending);
+			idem_stats_count(id->tenant, id->scope, IDEM_STAT_RELEASED, 1);
+			return;
+		}
+		held_flush(pending);
+	}
 	idem_saved_plan(&plan_delete,
 					"DELETE FROM idempotency.keys" KEY_WHERE
 					" AND status = 'processing'"
@@ -1990,6 +2343,68 @@ keys_delete_reservation(KeyIdent *id, pg_uuid_t *token, const char *action)
 	if (SPI_processed == 0)
 		keys_explain_no_match(id, token, action);
 	idem_stats_count(id->tenant, id->scope, IDEM_STAT_RELEASED, 1);
+}
+
+/*
+ * Complete this transaction's pending reservation: its row is inserted
+ * once, finished, as the UPDATE of keys_store_or_release would leave it.
+ */
+static void
+keys_insert_finished(HeldKey *pending, bool succeeded, int32 code,
+					 Datum body, bool body_null, Datum headers,
+					 bool headers_null)
+{
+	Oid			argtypes[12] = {TEXTOID, TEXTOID, TEXTOID, BYTEAOID, BOOLOID,
+		UUIDOID, TIMESTAMPTZOID, INT4OID, JSONBOID, JSONBOID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID};
+	Datum		values[12];
+	char		nulls[12];
+	Datum		cols[KEYS_ATT_COUNT];
+	bool		colnulls[KEYS_ATT_COUNT];
+	TimestampTz completed_at = GetCurrentTimestamp();
+
+	held_row(pending, cols, colnulls);
+	cols[KEYS_ATT_STATUS] =
+		ObjectIdGetDatum(status_oids[succeeded ? STATUS_SUCCEEDED : STATUS_FAILED]);
+	cols[KEYS_ATT_RESPONSE_CODE] = Int32GetDatum(code);
+	colnulls[KEYS_ATT_RESPONSE_CODE] = false;
+	cols[KEYS_ATT_RESPONSE_BODY] = body;
+	colnulls[KEYS_ATT_RESPONSE_BODY] = body_null;
+	cols[KEYS_ATT_RESPONSE_HEADERS] = headers;
+	colnulls[KEYS_ATT_RESPONSE_HEADERS] = headers_null;
+	cols[KEYS_ATT_COMPLETED_AT] = TimestampTzGetDatum(completed_at);
+	colnulls[KEYS_ATT_COMPLETED_AT] = false;
+	if (keys_insert_row(cols, colnulls))
+	{
+		held_consume(pending);
+		return;
+	}
+
+	idem_saved_plan(&plan_insert_done,
+					"INSERT INTO idempotency.keys"
+					" (tenant_id, scope, idem_key, fingerprint, status,"
+					" lock_token, locked_at, created_at, response_code,"
+					" response_body, response_headers, completed_at, expires_at)"
+					" VALUES ($1, $2, $3, $4, CASE WHEN $5"
+					" THEN 'succeeded'::idempotency.status"
+					" ELSE 'failed'::idempotency.status END,"
+					" $6, $7, $7, $8, $9, $10, $11, $12)",
+					12, argtypes, 0);
+	memset(nulls, ' ', sizeof(nulls));
+	memcpy(values, pending->ident, sizeof(pending->ident));
+	values[3] = PointerGetDatum(pending->fingerprint);
+	values[4] = BoolGetDatum(succeeded);
+	values[5] = UUIDPGetDatum(&pending->token);
+	values[6] = TimestampTzGetDatum(pending->locked_at);
+	values[7] = Int32GetDatum(code);
+	values[8] = body;
+	nulls[8] = body_null ? 'n' : ' ';
+	values[9] = headers;
+	nulls[9] = headers_null ? 'n' : ' ';
+	values[10] = TimestampTzGetDatum(completed_at);
+	values[11] = TimestampTzGetDatum(pending->expires_at);
+	idem_spi_execute(plan_insert_done, values, nulls, false, 0);
+	held_consume(pending);
 }
 
 /*
@@ -2028,7 +2443,19 @@ keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
 		Oid			argtypes[9] = {TEXTOID, TEXTOID, TEXTOID, BOOLOID, INT4OID,
 		JSONBOID, JSONBOID, TIMESTAMPTZOID, UUIDOID};
 		bool		succeeded = code < 400;
+		HeldKey    *pending = held_pending(id);
 
+		if (pending != NULL &&
+			(token == NULL ||
+			 memcmp(token->data, pending->token.data, UUID_LEN) == 0))
+		{
+			keys_insert_finished(pending, succeeded, code, body, body_null,
+								 headers, headers_null);
+			idem_stats_count(id->tenant, id->scope, IDEM_STAT_COMPLETED, 1);
+			return status_oids[succeeded ? STATUS_SUCCEEDED : STATUS_FAILED];
+		}
+		if (pending != NULL)
+			held_flush(pending);
 		idem_saved_plan(&plan_complete,
 						"UPDATE idempotency.keys SET"
 						" status = CASE WHEN $4 THEN 'succeeded'::idempotency.status"
@@ -2151,6 +2578,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	keys_ensure_cache();
 	idem_spi_connect();
 	keys_lock_wait(&id);
+	held_flush_key(&id);
 	token = keys_fence_token(&id, token, "checkpoint");
 	idem_saved_plan(&plan_checkpoint,
 					"UPDATE idempotency.keys SET recovery_point = $4, locked_at = $5"
@@ -2208,15 +2636,18 @@ idem_lookup(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	KeyIdent	id;
 	Oid			argtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
+	bool		flushed;
 
 	keys_ident_from_args(fcinfo, &id);
 	InitMaterializedSRF(fcinfo, 0);
 
 	idem_spi_connect();
+	flushed = held_flush_key(&id);
 	idem_saved_plan(&plan_lookup,
 					"SELECT * FROM idempotency.keys" KEY_WHERE,
 					3, argtypes, 0);
-	idem_spi_execute(plan_lookup, id.values, NULL, true, 0);
+	/* a row this call wrote needs a snapshot of its own to be seen */
+	idem_spi_execute(plan_lookup, id.values, NULL, !flushed, 0);
 	if (SPI_processed > 0)
 	{
 		TupleDesc	outdesc = rsinfo->setDesc;

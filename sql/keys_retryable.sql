@@ -50,7 +50,7 @@ COMMIT;
 BEGIN;
 SELECT outcome FROM idem_reserve('rt_a', 'charges', 'null-retry', '{"amount": 1}'::jsonb);
 SELECT pg_temp.err($$SELECT idem_complete('rt_a', 'charges', 'null-retry', 408, '{}', retryable => NULL)$$);
-SELECT status FROM idempotency.keys WHERE tenant_id = 'rt_a' AND idem_key = 'null-retry';
+SELECT status FROM idem_lookup('rt_a', 'charges', 'null-retry');
 ROLLBACK;
 -- two-phase: the fenced release with the token
 SELECT lock_token AS tok FROM idem_reserve('rt_a', 'charges', 'two-phase', '{"amount": 2}'::jsonb) \gset

@@ -1,0 +1,132 @@
+-- A new key's row is written once.  Reserving takes the key's lock and keeps
+-- the reservation in the transaction; completing it inserts the finished
+-- row, releasing it writes nothing, and a reservation still open at commit
+-- is inserted then as "processing" (the two-phase case).  Savepoints undo
+-- each of these steps.
+CREATE FUNCTION pg_temp.writes(OUT inserts bigint, OUT updates bigint, OUT deletes bigint)
+LANGUAGE sql AS $$
+    SELECT n_tup_ins, n_tup_upd, n_tup_del FROM pg_catalog.pg_stat_user_tables
+     WHERE relid = 'idempotency.keys'::regclass
+$$;
+SELECT pg_stat_force_next_flush();
+SELECT inserts AS ins0, updates AS upd0, deletes AS del0 FROM pg_temp.writes() \gset
+
+-- reserved and completed in one transaction: one insert, no update
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'atomic-1', '{"amount": 1}'::jsonb);
+-- the table shows the key once the transaction completes or commits it;
+-- the key functions see it at once
+SELECT count(*) AS rows_in_table FROM idempotency.keys WHERE tenant_id = 'wo_a';
+SELECT idem_complete('wo_a', 'orders', 'atomic-1', 201, '{"id": 1}');
+COMMIT;
+SELECT pg_stat_force_next_flush();
+SELECT inserts - :ins0 AS inserts, updates - :upd0 AS updates FROM pg_temp.writes();
+SELECT status, response_code, response_body, lock_token IS NOT NULL AS has_token,
+       created_at = locked_at AS created_at_locked_at, completed_at >= created_at AS completed_later,
+       expires_at > completed_at AS expires_later, needs_reconciliation
+  FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key = 'atomic-1';
+SELECT outcome, response_code, response_body FROM idem_reserve('wo_a', 'orders', 'atomic-1', '{"amount": 1}'::jsonb);
+
+-- the transaction's own retry is answered from the reservation (which
+-- writes its row first)
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'retry-1', '{"amount": 1}'::jsonb);
+SELECT outcome, http_status FROM idem_reserve('wo_a', 'orders', 'retry-1', '{"amount": 1}'::jsonb);
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'retry-1', '{"amount": 2}'::jsonb);
+SELECT idem_complete('wo_a', 'orders', 'retry-1', 201, '{"id": 1}');
+COMMIT;
+SELECT outcome, response_body FROM idem_reserve('wo_a', 'orders', 'retry-1', '{"amount": 1}'::jsonb);
+
+-- reserved and committed unfinished: the processing row is inserted at
+-- commit, with the token the reservation returned
+SELECT inserts AS ins0, updates AS upd0 FROM pg_temp.writes() \gset
+SELECT lock_token AS tok, expires_at AS exp FROM idem_reserve('wo_a', 'orders', 'two-phase-1', '{"amount": 3}'::jsonb) \gset
+SELECT status, lock_token = :'tok' AS same_token, expires_at = :'exp' AS same_expiry
+  FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key = 'two-phase-1';
+SELECT idem_complete('wo_a', 'orders', 'two-phase-1', 200, '{}', lock_token => :'tok');
+SELECT pg_stat_force_next_flush();
+SELECT inserts - :ins0 AS inserts, updates - :upd0 AS updates FROM pg_temp.writes();
+
+-- released in its own transaction: nothing is written, the key is free
+SELECT inserts AS ins0, deletes AS del0 FROM pg_temp.writes() \gset
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'released-1', '{"amount": 4}'::jsonb);
+SELECT idem_release('wo_a', 'orders', 'released-1');
+SELECT count(*) AS lookup FROM idem_lookup('wo_a', 'orders', 'released-1');
+COMMIT;
+SELECT pg_stat_force_next_flush();
+SELECT inserts - :ins0 AS inserts, deletes - :del0 AS deletes FROM pg_temp.writes();
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'released-1', '{"amount": 5}'::jsonb);
+-- a retryable failure releases it the same way
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'retryable-1', '{"amount": 6}'::jsonb);
+SELECT idem_complete('wo_a', 'orders', 'retryable-1', 503, '{}') IS NULL AS released;
+COMMIT;
+SELECT count(*) AS rows_in_table FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key = 'retryable-1';
+
+-- a completion rolled back to a savepoint leaves the reservation open,
+-- and the commit inserts it unfinished
+BEGIN;
+SELECT lock_token AS tok FROM idem_reserve('wo_a', 'orders', 'sp-1', '{"amount": 7}'::jsonb) \gset
+SAVEPOINT a;
+SELECT idem_complete('wo_a', 'orders', 'sp-1', 201, '{"id": 7}');
+ROLLBACK TO SAVEPOINT a;
+SAVEPOINT b;
+SELECT idem_release('wo_a', 'orders', 'sp-1');
+ROLLBACK TO SAVEPOINT b;
+COMMIT;
+SELECT status, lock_token = :'tok' AS same_token
+  FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key = 'sp-1';
+-- a reservation rolled back to a savepoint leaves nothing
+BEGIN;
+SAVEPOINT a;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'sp-2', '{"amount": 8}'::jsonb);
+ROLLBACK TO SAVEPOINT a;
+COMMIT;
+SELECT count(*) AS rows_in_table FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key = 'sp-2';
+-- a completion in a released savepoint stays, and so does its row
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'sp-3', '{"amount": 9}'::jsonb);
+SAVEPOINT a;
+SELECT idem_complete('wo_a', 'orders', 'sp-3', 201, '{"id": 9}');
+RELEASE SAVEPOINT a;
+SAVEPOINT c;
+SELECT 1 / 0;
+ROLLBACK TO SAVEPOINT c;
+COMMIT;
+SELECT status, response_body FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key = 'sp-3';
+
+-- a checkpoint, a wrong token and a lookup see the reservation as a row
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'cp-1', '{"amount": 10}'::jsonb);
+SELECT status, recovery_point FROM idem_lookup('wo_a', 'orders', 'cp-1');
+SELECT idem_checkpoint('wo_a', 'orders', 'cp-1', 'charged');
+SELECT status, recovery_point FROM idem_lookup('wo_a', 'orders', 'cp-1');
+SAVEPOINT a;
+SELECT idem_complete('wo_a', 'orders', 'cp-1', 201, '{}', lock_token => '00000000-0000-0000-0000-000000000000');
+ROLLBACK TO SAVEPOINT a;
+SELECT idem_complete('wo_a', 'orders', 'cp-1', 201, '{"id": 10}');
+COMMIT;
+SELECT status, recovery_point, response_body FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key = 'cp-1';
+
+-- a rolled-back transaction leaves nothing, as before
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'rb-1', '{"amount": 11}'::jsonb);
+ROLLBACK;
+SELECT count(*) AS rows_in_table FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key = 'rb-1';
+
+-- an application role that may not touch the table: the row written at
+-- commit is written as the functions' owner
+CREATE ROLE wo_app;
+GRANT idempotency_app TO wo_app;
+SET ROLE wo_app;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'app-1', '{"amount": 12}'::jsonb);
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'app-2', '{"amount": 13}'::jsonb);
+SELECT idem_complete('wo_a', 'orders', 'app-2', 201, '{}');
+COMMIT;
+RESET ROLE;
+SELECT idem_key, status FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key LIKE 'app-%' ORDER BY 1;
+DROP ROLE wo_app;
+
+DELETE FROM idempotency.keys WHERE tenant_id = 'wo_a';
