@@ -8,6 +8,15 @@ LANGUAGE sql AS $$
     SELECT n_tup_ins, n_tup_upd, n_tup_del FROM pg_catalog.pg_stat_user_tables
      WHERE relid = 'idempotency.keys'::regclass
 $$;
+CREATE FUNCTION pg_temp.sqlstate(stmt text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE stmt;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ' ' || SQLERRM;
+END
+$$;
 SELECT pg_stat_force_next_flush();
 SELECT inserts AS ins0, updates AS upd0, deletes AS del0 FROM pg_temp.writes() \gset
 
@@ -128,5 +137,84 @@ COMMIT;
 RESET ROLE;
 SELECT idem_key, status FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key LIKE 'app-%' ORDER BY 1;
 DROP ROLE wo_app;
+
+-- The row is inserted without the executor when the table is as the
+-- extension made it, with its indexes and any plain index a DBA adds; each
+-- index holds every row (counted through the index, then through the heap)
+CREATE INDEX wo_created_idx ON idempotency.keys (created_at);
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'ix-1', '{"amount": 14}'::jsonb);
+SELECT idem_complete('wo_a', 'orders', 'ix-1', 201, '{}');
+COMMIT;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'ix-2', '{"amount": 15}'::jsonb);
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+SELECT (SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'wo_a') AS by_pkey,
+       (SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'wo_a' AND expires_at > '-infinity') AS by_expiry,
+       (SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'wo_a' AND created_at > '-infinity') AS by_created;
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+SET enable_indexscan = off;
+SET enable_indexonlyscan = off;
+SET enable_bitmapscan = off;
+SELECT count(*) AS by_heap FROM idempotency.keys WHERE tenant_id = 'wo_a';
+RESET enable_indexscan;
+RESET enable_indexonlyscan;
+RESET enable_bitmapscan;
+DROP INDEX idempotency.wo_created_idx;
+-- what the direct insert does not know goes through INSERT, which honours
+-- it: a trigger, a CHECK constraint, a column with a default, an index
+-- on an expression or with a predicate
+CREATE TABLE wo_audit (idem_key text, status text);
+CREATE FUNCTION wo_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.wo_audit VALUES (NEW.idem_key, NEW.status);
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER wo_audit AFTER INSERT ON idempotency.keys
+    FOR EACH ROW EXECUTE FUNCTION wo_audit();
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'trig-1', '{"amount": 16}'::jsonb);
+SELECT idem_complete('wo_a', 'orders', 'trig-1', 201, '{}');
+COMMIT;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'trig-2', '{"amount": 17}'::jsonb);
+SELECT * FROM wo_audit ORDER BY 1;
+DROP TRIGGER wo_audit ON idempotency.keys;
+ALTER TABLE idempotency.keys ADD CONSTRAINT wo_no_teapot CHECK (response_code IS DISTINCT FROM 418);
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'check-1', '{"amount": 18}'::jsonb);
+SELECT pg_temp.sqlstate($$SELECT idem_complete('wo_a', 'orders', 'check-1', 418, '{}')$$);
+ROLLBACK;
+ALTER TABLE idempotency.keys DROP CONSTRAINT wo_no_teapot;
+ALTER TABLE idempotency.keys ADD COLUMN wo_region text DEFAULT 'eu';
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'col-1', '{"amount": 19}'::jsonb);
+SELECT idem_complete('wo_a', 'orders', 'col-1', 201, '{}');
+COMMIT;
+SELECT idem_key, wo_region FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key = 'col-1';
+ALTER TABLE idempotency.keys DROP COLUMN wo_region;
+CREATE INDEX wo_lower_idx ON idempotency.keys (pg_catalog.lower(idem_key));
+CREATE INDEX wo_failed_idx ON idempotency.keys (idem_key) WHERE status = 'failed';
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'EXPR-1', '{"amount": 20}'::jsonb);
+SELECT idem_complete('wo_a', 'orders', 'EXPR-1', 409, '{}');
+COMMIT;
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+SELECT idem_key FROM idempotency.keys WHERE pg_catalog.lower(idem_key) = 'expr-1';
+SELECT idem_key FROM idempotency.keys WHERE status = 'failed' AND idem_key = 'EXPR-1';
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+DROP INDEX idempotency.wo_lower_idx;
+DROP INDEX idempotency.wo_failed_idx;
+-- back to the table as made: the direct insert again
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'after-1', '{"amount": 21}'::jsonb);
+SELECT idem_complete('wo_a', 'orders', 'after-1', 201, '{"id": 21}');
+COMMIT;
+SELECT outcome, response_body FROM idem_reserve('wo_a', 'orders', 'after-1', '{"amount": 21}'::jsonb);
+DROP TABLE wo_audit;
+DROP FUNCTION wo_audit();
 
 DELETE FROM idempotency.keys WHERE tenant_id = 'wo_a';
