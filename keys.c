@@ -552,7 +552,9 @@ keys_ensure_cache(void)
  */
 
 #define KEY_WHERE \
-	" WHERE tenant_id = $1 AND scope = $2 AND idem_key = $3"
+	" WHERE tenant_id OPERATOR(pg_catalog.=) $1"\
+	" AND scope OPERATOR(pg_catalog.=) $2"\
+	" AND idem_key OPERATOR(pg_catalog.=) $3"
 
 /* ----------------------------------------------------------------
  * Argument checks (all run before anything is written)
@@ -1006,7 +1008,7 @@ keys_scope_policy(const char *scope, ScopePolicy *policy, bool with_ignore)
 							   " fingerprint_ignore, retryable_codes,"
 							   " new_keys_per_second, new_keys_burst,"
 							   " max_live_keys"
-							   " FROM idempotency.scopes WHERE scope = $1",
+							   " FROM idempotency.scopes WHERE scope OPERATOR(pg_catalog.=) $1",
 							   1, argtypes, 0);
 	else
 		plan = idem_saved_plan(&plan_scope_10,
@@ -1015,7 +1017,7 @@ keys_scope_policy(const char *scope, ScopePolicy *policy, bool with_ignore)
 							   " fingerprint_ignore, NULL::pg_catalog.int4[],"
 							   " NULL::pg_catalog.float8, NULL::pg_catalog.int4,"
 							   " NULL::pg_catalog.int4"
-							   " FROM idempotency.scopes WHERE scope = $1",
+							   " FROM idempotency.scopes WHERE scope OPERATOR(pg_catalog.=) $1",
 							   1, argtypes, 0);
 	values[0] = CStringGetTextDatum(scope);
 	rc = SPI_execute_snapshot(plan, values, NULL, GetLatestSnapshot(),
@@ -1564,8 +1566,10 @@ reserve_takeover(KeyIdent *id, const KeyRow *row, Datum *newvalues)
 	idem_saved_plan(&plan_takeover,
 					"UPDATE idempotency.keys SET lock_token = $4, locked_at = $5,"
 					" expires_at = $6" KEY_WHERE
-					" AND status = 'processing' AND NOT needs_reconciliation"
-					" AND lock_token IS NOT DISTINCT FROM $7",
+					" AND status OPERATOR(pg_catalog.=) 'processing'"
+					" AND NOT needs_reconciliation"
+					" AND (lock_token OPERATOR(pg_catalog.=) $7"
+					" OR (lock_token IS NULL AND $7 IS NULL))",
 					7, argtypes, 0);
 	memcpy(values, id->values, sizeof(id->values));
 	values[3] = newvalues[4];
@@ -1611,7 +1615,7 @@ keys_count_live(KeyIdent *id, TimestampTz now, TimestampTz *earliest_expiry,
 					" pg_catalog.min(expires_at) FILTER"
 					" (WHERE status OPERATOR(pg_catalog.<>) 'processing')"
 					" FROM idempotency.keys"
-					" WHERE tenant_id = $1 AND scope = $2"
+					" WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND scope OPERATOR(pg_catalog.=) $2"
 					" AND (status OPERATOR(pg_catalog.=) 'processing'"
 					" OR expires_at OPERATOR(pg_catalog.>) $3)",
 					3, argtypes, 0);
@@ -2095,7 +2099,6 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 	MemoryContext callcxt = CurrentMemoryContext;
 	Datum		result;
 	long		sleep_ms = 10;
-
 	keys_ident_from_args(fcinfo, &id);
 	reserve_check_args(fcinfo, request_arg, fingerprint_arg, &from_request,
 					   fingerprint, &ttl_arg, &wait_usecs);
@@ -2333,8 +2336,8 @@ keys_delete_reservation(KeyIdent *id, pg_uuid_t *token, const char *action)
 	}
 	idem_saved_plan(&plan_delete,
 					"DELETE FROM idempotency.keys" KEY_WHERE
-					" AND status = 'processing'"
-					" AND ($4::pg_catalog.uuid IS NULL OR lock_token = $4)",
+					" AND status OPERATOR(pg_catalog.=) 'processing'"
+					" AND ($4::pg_catalog.uuid IS NULL OR lock_token OPERATOR(pg_catalog.=) $4)",
 					4, argtypes, 0);
 	memcpy(values, id->values, sizeof(id->values));
 	values[3] = UUIDPGetDatum(token);
@@ -2463,8 +2466,8 @@ keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
 						" response_code = $5, response_body = $6,"
 						" response_headers = $7, completed_at = $8,"
 						" needs_reconciliation = false" KEY_WHERE
-						" AND status = 'processing'"
-						" AND ($9::pg_catalog.uuid IS NULL OR lock_token = $9)",
+						" AND status OPERATOR(pg_catalog.=) 'processing'"
+						" AND ($9::pg_catalog.uuid IS NULL OR lock_token OPERATOR(pg_catalog.=) $9)",
 						9, argtypes, 0);
 		values[3] = BoolGetDatum(succeeded);
 		values[4] = Int32GetDatum(code);
@@ -2500,7 +2503,6 @@ idem_complete(PG_FUNCTION_ARGS)
 	pg_uuid_t  *token = PG_ARGISNULL(6) ? NULL : PG_GETARG_UUID_P(6);
 	bool		retryable = false;
 	Oid			status;
-
 	keys_ident_from_args(fcinfo, &id);
 	keys_check_response(fcinfo, 3, 4, 5);
 	if (PG_NARGS() > 7)
@@ -2582,8 +2584,8 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	token = keys_fence_token(&id, token, "checkpoint");
 	idem_saved_plan(&plan_checkpoint,
 					"UPDATE idempotency.keys SET recovery_point = $4, locked_at = $5"
-					KEY_WHERE " AND status = 'processing'"
-					" AND ($6::pg_catalog.uuid IS NULL OR lock_token = $6)",
+					KEY_WHERE " AND status OPERATOR(pg_catalog.=) 'processing'"
+					" AND ($6::pg_catalog.uuid IS NULL OR lock_token OPERATOR(pg_catalog.=) $6)",
 					6, argtypes, 0);
 	memcpy(values, id.values, sizeof(id.values));
 	values[3] = PG_GETARG_DATUM(3);
