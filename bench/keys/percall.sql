@@ -25,7 +25,9 @@ BEGIN
         INSERT INTO percall VALUES ('replay_plpgsql', extract(epoch FROM clock_timestamp() - t0) * 1e6 / 50000);
         -- new keys, rolled back with their subtransaction (each keeps its
         -- key's lock until then, so 2000 at a time): a scope without and
-        -- with a rate of new keys and a quota of live keys per tenant
+        -- with a rate of new keys and a quota of live keys per tenant.  A
+        -- reservation is written by its completion or at commit, so these
+        -- calls write nothing: the pairs below include the write
         BEGIN
             t0 := clock_timestamp();
             SELECT count(*) INTO n FROM generate_series(1, 2000) g,
