@@ -124,6 +124,23 @@ SELECT outcome FROM idem_reserve('wo_a', 'orders', 'rb-1', '{"amount": 11}'::jso
 ROLLBACK;
 SELECT count(*) AS rows_in_table FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key = 'rb-1';
 
+-- a procedure that commits and rolls back inside: each commit writes the
+-- reservations of its transaction
+CREATE PROCEDURE pg_temp.wo_proc() LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM idem_reserve('wo_a', 'orders', 'proc-1', '{}'::jsonb);
+    COMMIT;
+    PERFORM idem_reserve('wo_a', 'orders', 'proc-2', '{}'::jsonb);
+    PERFORM idem_complete('wo_a', 'orders', 'proc-2', 200, '{}');
+    COMMIT;
+    PERFORM idem_reserve('wo_a', 'orders', 'proc-3', '{}'::jsonb);
+    ROLLBACK;
+    PERFORM idem_reserve('wo_a', 'orders', 'proc-4', '{}'::jsonb);
+END
+$$;
+CALL pg_temp.wo_proc();
+SELECT idem_key, status FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key LIKE 'proc-%' ORDER BY 1;
+
 -- an application role that may not touch the table: the row written at
 -- commit is written as the functions' owner
 CREATE ROLE wo_app;
