@@ -72,6 +72,7 @@
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/latch.h"
+#include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
@@ -1375,6 +1376,13 @@ held_defer(KeyIdent *id, Datum *values)
 
 	if (!held_may_defer(hash))
 		return false;
+
+	/*
+	 * The lock the insert takes, taken now as when the row was inserted
+	 * here: a REINDEX (which locks the table, then each index) waits for
+	 * this transaction rather than holding the table when the row comes.
+	 */
+	LockRelationOid(keys_relid, RowExclusiveLock);
 	held_remember(id, DatumGetUUIDP(values[4]));
 	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_FIND, NULL);
 	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
