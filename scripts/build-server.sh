@@ -42,8 +42,43 @@ apt_private=(-o "Dir::Etc::sourcelist=$aptdir/sources.list"
              -o "APT::Sandbox::User=root")
 updated=
 
+# pinned_source SOURCE-PACKAGE: the pool directory, version and .dsc
+# SHA-256 of a version of the package known to build and pass here, for
+# when the suite's index names a newer version whose files the archive does
+# not serve (a point release announced before its files reach the mirror).
+pinned_source() {
+    case "$1/$PG_SUITE" in
+        postgresql-17/trixie)
+            echo "pool/main/p/postgresql-17 17.11-0+deb13u1" \
+                 "bf148ae423a982707c3f60672c3a072ef62b701bd9f5df847d9f4b8c9b3e3b18" ;;
+        postgresql-18/sid)
+            echo "pool/main/p/postgresql-18 18.6-3" \
+                 "a4254c4548ebeea683832de193460ee8a9f1271418e884803b44ded1aead1776" ;;
+        *) return 1 ;;
+    esac
+}
+
+# fetch_pinned SOURCE-PACKAGE: download the pinned version from the pool,
+# check its .dsc against the pinned SHA-256 (dpkg-source checks the
+# tarballs against the .dsc) and unpack it into $build.
+fetch_pinned() {
+    local pin dir version sum dsc f
+    local mirror=${IDEM_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+    pin=$(pinned_source "$1") || return 1
+    read -r dir version sum <<<"$pin"
+    dsc=${1}_$version.dsc
+    echo "server: Debian $PG_SUITE does not serve the $1 its index names; using $version from the pool"
+    curl -fsS -o "$build/$dsc" "$mirror/$dir/${dsc//+/%2b}" >>"$log" 2>&1 || return 1
+    echo "$sum  $build/$dsc" | sha256sum -c --quiet - >>"$log" 2>&1 || return 1
+    for f in $(awk '/^Checksums-Sha256:/ {f = 1; next} /^[^ ]/ {f = 0} f {print $3}' "$build/$dsc"); do
+        curl -fsS -o "$build/$f" "$mirror/$dir/${f//+/%2b}" >>"$log" 2>&1 || return 1
+    done
+    (cd "$build" && dpkg-source -x "$dsc") >>"$log" 2>&1
+}
+
 # fetch SOURCE-PACKAGE: unpack Debian's source package of $PG_SUITE into
-# $build; fails when the archive does not serve it.
+# $build (or the pinned version, see pinned_source); fails when the archive
+# serves neither.
 fetch() {
     if [ -z "$updated" ]; then
         mkdir -p "$aptdir/lists/partial"
@@ -53,7 +88,8 @@ fetch() {
         apt-get "${apt_private[@]}" -qq update
         updated=1
     fi
-    (cd "$build" && apt-get "${apt_private[@]}" -qq source "$1/$PG_SUITE") >>"$log" 2>&1
+    (cd "$build" && apt-get "${apt_private[@]}" -qq source "$1/$PG_SUITE") >>"$log" 2>&1 ||
+        fetch_pinned "$1"
 }
 
 # run COMMAND...: run it niced, output to the log; on failure show the log.
