@@ -758,7 +758,7 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 }
 
 /* Remember that this transaction holds the key's reservation with "token". */
-static void
+static HeldKey *
 held_remember(KeyIdent *id, const pg_uuid_t *token)
 {
 	uint64		hash = keys_hash(id);
@@ -793,6 +793,7 @@ held_remember(KeyIdent *id, const pg_uuid_t *token)
 		entry->fingerprint = NULL;
 	}
 	entry->token = *token;
+	return entry;
 }
 
 /*
@@ -830,17 +831,24 @@ idem_holds_reservation(char **scopes, int nscopes)
 	return false;
 }
 
-/* The token of a reservation this transaction holds, or NULL. */
-static pg_uuid_t *
-held_token(KeyIdent *id)
+/* The key's entry in this transaction's reservations, or NULL. */
+static HeldKey *
+held_find(KeyIdent *id)
 {
 	uint64		hash;
-	HeldKey    *entry;
 
 	if (held_keys == NULL)
 		return NULL;
 	hash = keys_hash(id);
-	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_FIND, NULL);
+	return (HeldKey *) hash_search(held_keys, &hash, HASH_FIND, NULL);
+}
+
+/* The token of a reservation this transaction holds, or NULL. */
+static pg_uuid_t *
+held_token(KeyIdent *id)
+{
+	HeldKey    *entry = held_find(id);
+
 	return entry ? &entry->token : NULL;
 }
 
@@ -1348,33 +1356,21 @@ keys_insert_row(Datum *colvalues, bool *colnulls)
 }
 
 /*
- * Whether a new reservation of the key may be kept pending (HeldKey): not
- * where the insert must fail now (a read-only transaction, a standby), not
- * on Citus (the shard's write belongs to the statement), and not for a key
- * this transaction already held in any way.
- */
-static bool
-held_may_defer(uint64 hash)
-{
-	if (XactReadOnly || RecoveryInProgress() || idem_citus_distributed())
-		return false;
-	return held_keys == NULL ||
-		hash_search(held_keys, &hash, HASH_FIND, NULL) == NULL;
-}
-
-/*
- * Keep a new reservation pending; "values" are reserve_insert's.  Returns
- * false (and records nothing) when it must be inserted now.
+ * Keep a new reservation pending (HeldKey); "values" are reserve_insert's.
+ * Returns false, recording nothing, when it must be inserted now: where
+ * the insert must fail now (a read-only transaction, a standby), on Citus
+ * (the shard's write belongs to the statement), and for a key this
+ * transaction already held in any way.
  */
 static bool
 held_defer(KeyIdent *id, Datum *values)
 {
-	uint64		hash = keys_hash(id);
 	MemoryContext oldcxt;
 	HeldKey    *entry;
 	int			i;
 
-	if (!held_may_defer(hash))
+	if (XactReadOnly || RecoveryInProgress() || idem_citus_distributed() ||
+		held_find(id) != NULL)
 		return false;
 
 	/*
@@ -1383,8 +1379,7 @@ held_defer(KeyIdent *id, Datum *values)
 	 * this transaction rather than holding the table when the row comes.
 	 */
 	LockRelationOid(keys_relid, RowExclusiveLock);
-	held_remember(id, DatumGetUUIDP(values[4]));
-	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_FIND, NULL);
+	entry = held_remember(id, DatumGetUUIDP(values[4]));
 	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
 	for (i = 0; i < 3; i++)
 		entry->ident[i] = PointerGetDatum(DatumGetTextPCopy(values[i]));
@@ -1402,13 +1397,8 @@ held_defer(KeyIdent *id, Datum *values)
 static HeldKey *
 held_pending(KeyIdent *id)
 {
-	uint64		hash;
-	HeldKey    *entry;
+	HeldKey    *entry = held_find(id);
 
-	if (held_keys == NULL)
-		return NULL;
-	hash = keys_hash(id);
-	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_FIND, NULL);
 	return entry != NULL && entry->pending ? entry : NULL;
 }
 
