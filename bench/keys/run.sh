@@ -111,11 +111,11 @@ report_percall() {
     pc_rated=$(echo "$out" | awk '$1 == "new_rated" {print $2}')
     echo
     echo "server-side costs, $1:"
-    echo "replay, cost per call (50000 calls in one statement, best of 2):"
+    echo "replay, cost per call (50000 calls in one statement, best of 4):"
     echo "  idem_reserve ${pc_ext} us, naive PL/pgSQL ${pc_plpgsql} us: $(ratio "$pc_plpgsql" "$pc_ext")x (target >= 3.0)"
-    echo "new key reserved and completed, cost per pair (2000 pairs in one statement, best of 2):"
+    echo "new key reserved and completed, cost per pair (2000 pairs in one statement, best of 3 after a warm-up, each side first in turn):"
     echo "  idem_reserve + idem_complete ${pc_nc} us, naive PL/pgSQL ${pc_nc_plpgsql} us: $(ratio "$pc_nc_plpgsql" "$pc_nc")x (target >= 2.0)"
-    echo "new key, cost per call (2000 calls in one statement, best of 2):"
+    echo "new key, cost per call (2000 calls in one statement, best of 4):"
     echo "  without limits ${pc_new} us, with a rate and a quota of new keys ${pc_rated} us: $(ratio "$pc_new" "$pc_rated")x (target >= 0.95)"
 }
 report_percall "tables as set up (10000 keys, vacuumed)" "$percall_fresh"
