@@ -814,7 +814,8 @@ CREATE UNIQUE INDEX outbox_dedup_idx ON idempotency.outbox (tenant_id, topic, de
 /*
  * Ordered delivery: the rows of a tenant and ordering key not yet
  * finished, by id.  The claim asks it whether a row has an unfinished
- * predecessor; outbox.c repeats this status list verbatim.
+ * predecessor; outbox.c repeats this status list (as "= ANY" of the same
+ * statuses, which the planner proves equal).
  */
 CREATE INDEX outbox_ordering_idx ON idempotency.outbox (tenant_id, ordering_key, id)
     WHERE status IN ('pending', 'leased', 'dead') AND ordering_key IS NOT NULL;

@@ -217,9 +217,11 @@ extern void idem_outbox_init(void);
  * once that attempt was its last.  SQL fragments over the outbox row "o".
  * ----------------------------------------------------------------
  */
-#define IDEM_OUTBOX_LOST_LEASE_IS_LAST "o.attempts + 1 >= o.max_attempts"
+#define IDEM_OUTBOX_LOST_LEASE_IS_LAST \
+	"o.attempts OPERATOR(pg_catalog.+) 1 OPERATOR(pg_catalog.>=) o.max_attempts"
 #define IDEM_OUTBOX_LOST_LEASE_ERROR \
-	"'lease of worker \"' || o.leased_by || '\" expired'"
+	"'lease of worker \"' OPERATOR(pg_catalog.||) o.leased_by" \
+	" OPERATOR(pg_catalog.||) '\" expired'"
 
 /* ----------------------------------------------------------------
  * citus.c: running on Citus (tables distributed by idem_citus_distribute)

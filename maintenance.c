@@ -77,17 +77,17 @@ static const char *reap_sql =
 "WITH batch AS ("
 "    SELECT k.ctid AS row_id"
 "      FROM idempotency.keys k"
-"     WHERE k.expires_at < now()"
-"       AND k.status <> 'processing'"
+"     WHERE k.expires_at OPERATOR(pg_catalog.<) pg_catalog.now()"
+"       AND k.status OPERATOR(pg_catalog.<>) 'processing'"
 "       AND NOT k.needs_reconciliation"
 "     ORDER BY k.expires_at"
 "     LIMIT $1"
 "       FOR UPDATE SKIP LOCKED),"
 " gone AS ("
 "    DELETE FROM idempotency.keys k"
-"     WHERE k.ctid = ANY (ARRAY(SELECT row_id FROM batch))"
+"     WHERE k.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT row_id FROM batch))"
 " RETURNING k.tenant_id, k.scope)"
-" SELECT tenant_id, scope, count(*) FROM gone GROUP BY tenant_id, scope";
+" SELECT tenant_id, scope, pg_catalog.count(*) FROM gone GROUP BY tenant_id, scope";
 
 /*
  * The sweeper: committed processing keys whose lock is older than $1 when
@@ -106,28 +106,30 @@ static const char *reap_sql =
 "WITH stale AS (" \
 "    SELECT k.ctid AS row_id" \
 "      FROM idempotency.keys k" \
-"      LEFT JOIN idempotency.scopes s ON s.scope = k.scope" \
-"     WHERE k.status = 'processing'" \
+"      LEFT JOIN idempotency.scopes s ON s.scope OPERATOR(pg_catalog.=) k.scope" \
+"     WHERE k.status OPERATOR(pg_catalog.=) 'processing'" \
 "       AND NOT k.needs_reconciliation" \
 "       AND coalesce(k.locked_at, k.created_at)" \
-"           < now() - coalesce($1, s.lock_timeout, $2)" \
-"       AND (coalesce(s.stale_action, 'fail') = 'fail'" \
-"            OR k.expires_at < now())" \
+"           OPERATOR(pg_catalog.<) (pg_catalog.now()" \
+"               OPERATOR(pg_catalog.-) coalesce($1, s.lock_timeout, $2))" \
+"       AND (coalesce(s.stale_action, 'fail') OPERATOR(pg_catalog.=) 'fail'" \
+"            OR k.expires_at OPERATOR(pg_catalog.<) pg_catalog.now())" \
 range \
 "       FOR UPDATE OF k SKIP LOCKED)," \
 " flagged AS (" \
 "    UPDATE idempotency.keys k" \
 "       SET needs_reconciliation = true" \
-"     WHERE k.ctid = ANY (ARRAY(SELECT row_id FROM stale))" \
+"     WHERE k.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT row_id FROM stale))" \
 " RETURNING k.tenant_id, k.scope)" \
-" SELECT tenant_id, scope, count(*) FROM flagged GROUP BY tenant_id, scope"
+" SELECT tenant_id, scope, pg_catalog.count(*) FROM flagged GROUP BY tenant_id, scope"
 
 /* The whole table: an operator's idem_sweep(older_than). */
 static const char *sweep_sql = SWEEP_SQL("");
 
 /* Pages $3 (inclusive) to $4 (exclusive): one scheduled run. */
 static const char *sweep_slice_sql =
-SWEEP_SQL("       AND k.ctid >= $3 AND k.ctid < $4");
+SWEEP_SQL("       AND k.ctid OPERATOR(pg_catalog.>=) $3"
+          "       AND k.ctid OPERATOR(pg_catalog.<) $4");
 
 /*
  * Where the scheduled sweep continues, how many pages it may read, and how
@@ -145,7 +147,7 @@ static const char *sweep_state_sql =
  */
 static const char *sweep_advance_sql =
 "UPDATE idempotency.sweep_state s SET next_page = $1"
-" WHERE s.ctid = ANY (ARRAY(SELECT t.ctid FROM idempotency.sweep_state t"
+" WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT t.ctid FROM idempotency.sweep_state t"
 "                           FOR UPDATE SKIP LOCKED))";
 
 /* Pages a scheduled sweep reads when sweep_state has no row. */
@@ -163,19 +165,20 @@ static const char *reclaim_sql =
 "WITH expired AS ("
 "    SELECT o.ctid AS row_id"
 "      FROM idempotency.outbox o"
-"     WHERE o.status = 'leased' AND o.lease_until < now()"
+"     WHERE o.status OPERATOR(pg_catalog.=) 'leased'"
+"       AND o.lease_until OPERATOR(pg_catalog.<) pg_catalog.now()"
 /* a leased row's available_at is its lease end: lets outbox_claim_idx serve */
-"       AND o.available_at < now()"
+"       AND o.available_at OPERATOR(pg_catalog.<) pg_catalog.now()"
 "       FOR UPDATE SKIP LOCKED)"
 " UPDATE idempotency.outbox o"
 "    SET status = CASE WHEN " IDEM_OUTBOX_LOST_LEASE_IS_LAST
 "                      THEN 'dead' ELSE 'pending' END::idempotency.outbox_status,"
-"        attempts = o.attempts + 1,"
+"        attempts = o.attempts OPERATOR(pg_catalog.+) 1,"
 "        last_error = " IDEM_OUTBOX_LOST_LEASE_ERROR ","
 "        leased_by = CASE WHEN " IDEM_OUTBOX_LOST_LEASE_IS_LAST
 "                         THEN o.leased_by END,"
 "        lease_token = NULL, lease_until = NULL"
-"  WHERE o.ctid = ANY (ARRAY(SELECT row_id FROM expired))";
+"  WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT row_id FROM expired))";
 
 /*
  * One batch of delivered outbox rows older than the retention ($2), oldest
@@ -186,12 +189,13 @@ static const char *purge_sql =
 "WITH old AS ("
 "    SELECT o.ctid AS row_id"
 "      FROM idempotency.outbox o"
-"     WHERE o.status = 'done' AND o.done_at < now() - $2"
+"     WHERE o.status OPERATOR(pg_catalog.=) 'done'"
+"       AND o.done_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $2)"
 "     ORDER BY o.done_at"
 "     LIMIT $1"
 "       FOR UPDATE SKIP LOCKED)"
 " DELETE FROM idempotency.outbox o"
-"  WHERE o.ctid = ANY (ARRAY(SELECT row_id FROM old))";
+"  WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT row_id FROM old))";
 
 /* pg_cron upserts a job by (name, user): scheduling twice updates it. */
 static const char *schedule_sql =
@@ -199,7 +203,8 @@ static const char *schedule_sql =
 
 static const char *unschedule_sql =
 "SELECT cron.unschedule(j.jobid) FROM cron.job j"
-" WHERE j.jobname = $1 AND j.username = current_user";
+" WHERE j.jobname OPERATOR(pg_catalog.=) $1"
+" AND j.username OPERATOR(pg_catalog.=) current_user";
 
 static SPIPlanPtr reap_plan = NULL;
 static SPIPlanPtr sweep_plan = NULL;

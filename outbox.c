@@ -179,7 +179,7 @@ static const char *outbox_enqueue_sql =
 "INSERT INTO idempotency.outbox"
 "  (tenant_id, topic, payload, headers, idem_scope, idem_key,"
 "   max_attempts, available_at, dedup_key, ordering_key)"
-" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8, $9, $10)"
+" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() OPERATOR(pg_catalog.+) $8, $9, $10)"
 " RETURNING id";
 
 /*
@@ -190,7 +190,7 @@ static const char *outbox_enqueue_v10_sql =
 "INSERT INTO idempotency.outbox"
 "  (tenant_id, topic, payload, headers, idem_scope, idem_key,"
 "   max_attempts, available_at)"
-" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8)"
+" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() OPERATOR(pg_catalog.+) $8)"
 " RETURNING id";
 
 /*
@@ -205,14 +205,15 @@ static const char *outbox_enqueue_dedup_sql =
 "INSERT INTO idempotency.outbox"
 "  (tenant_id, topic, payload, headers, idem_scope, idem_key,"
 "   max_attempts, available_at, dedup_key, ordering_key)"
-" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() + $8, $9, $10)"
+" VALUES ($1, $2, $3, $4, $5, $6, $7, pg_catalog.now() OPERATOR(pg_catalog.+) $8, $9, $10)"
 " ON CONFLICT (tenant_id, topic, dedup_key) WHERE dedup_key IS NOT NULL"
 " DO NOTHING"
 " RETURNING id";
 
 static const char *outbox_dedup_lookup_sql =
 "SELECT id FROM idempotency.outbox"
-" WHERE tenant_id = $1 AND topic = $2 AND dedup_key = $3";
+" WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND topic OPERATOR(pg_catalog.=) $2"
+"   AND dedup_key OPERATOR(pg_catalog.=) $3";
 
 /*
  * Ordered delivery.  Rows of one tenant with the same ordering_key are
@@ -237,8 +238,11 @@ static const char *outbox_dedup_lookup_sql =
 static const char *outbox_ordered_filter =
 "   AND (c.ordering_key IS NULL OR NOT EXISTS ("
 "        SELECT FROM idempotency.outbox p"
-"         WHERE p.tenant_id = c.tenant_id AND p.ordering_key = c.ordering_key"
-"           AND p.id < c.id AND p.status IN ('pending', 'leased', 'dead')))";
+"         WHERE p.tenant_id OPERATOR(pg_catalog.=) c.tenant_id"
+"           AND p.ordering_key OPERATOR(pg_catalog.=) c.ordering_key"
+"           AND p.id OPERATOR(pg_catalog.<) c.id"
+"           AND p.status OPERATOR(pg_catalog.=) ANY"
+"               ('{pending,leased,dead}'::idempotency.outbox_status[])))";
 
 /* Longest dedup_key or ordering_key, in bytes. */
 #define OUTBOX_MAX_DEDUP_KEY_LEN 255
@@ -254,8 +258,10 @@ static const char *outbox_ordered_filter =
  * available_at first, FOR UPDATE SKIP LOCKED; there is one such statement
  * per combination of filters, so each gets a plan of its own (a generic
  * plan with "$2 IS NULL OR ..." would filter no better than the worst
- * case).  Its predicate must stay textually equal to the predicate of
- * outbox_claim_idx for the planner to use that index.
+ * case).  Its status condition must stay the predicate of outbox_claim_idx
+ * (the same statuses; written here as "= ANY" with the operator qualified,
+ * which the planner proves equal to the index's IN list) for the planner
+ * to use that index.
  *
  * The second leases the locked rows, found by the ctids the first returned:
  * a TID scan.  Two statements rather than one UPDATE ... FROM (subquery)
@@ -275,8 +281,8 @@ static const char *outbox_ordered_filter =
 static const char *outbox_lock_sql_format =
 "SELECT c.ctid, c.tenant_id, c.id"
 "  FROM idempotency.outbox c"
-" WHERE c.status IN ('pending', 'leased')"
-"   AND c.available_at <= pg_catalog.statement_timestamp()"
+" WHERE c.status OPERATOR(pg_catalog.=) ANY ('{pending,leased}'::idempotency.outbox_status[])"
+"   AND c.available_at OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()"
 "   %s%s%s"
 " ORDER BY c.available_at"
 " LIMIT $1"
@@ -289,20 +295,20 @@ static const char *outbox_lock_sql_format =
  * its last.  $1 is the worker, $2 the lease.
  */
 #define OUTBOX_LEASE_SET(token) \
-"    SET status = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
+"    SET status = CASE WHEN o.status OPERATOR(pg_catalog.=) 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
 "                      THEN 'dead'::idempotency.outbox_status" \
 "                      ELSE 'leased'::idempotency.outbox_status END," \
-"        attempts = o.attempts + CASE WHEN o.status = 'leased' THEN 1 ELSE 0 END," \
-"        last_error = CASE WHEN o.status = 'leased'" \
+"        attempts = o.attempts OPERATOR(pg_catalog.+) CASE WHEN o.status OPERATOR(pg_catalog.=) 'leased' THEN 1 ELSE 0 END," \
+"        last_error = CASE WHEN o.status OPERATOR(pg_catalog.=) 'leased'" \
 "                          THEN " IDEM_OUTBOX_LOST_LEASE_ERROR \
 "                          ELSE o.last_error END," \
-"        lease_token = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
+"        lease_token = CASE WHEN o.status OPERATOR(pg_catalog.=) 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
 "                           THEN NULL ELSE " token " END," \
-"        leased_by = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
+"        leased_by = CASE WHEN o.status OPERATOR(pg_catalog.=) 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
 "                         THEN o.leased_by ELSE $1 END," \
-"        lease_until = CASE WHEN o.status = 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
-"                           THEN NULL ELSE pg_catalog.statement_timestamp() + $2 END," \
-"        available_at = pg_catalog.statement_timestamp() + $2"
+"        lease_until = CASE WHEN o.status OPERATOR(pg_catalog.=) 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
+"                           THEN NULL ELSE pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) $2 END," \
+"        available_at = pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) $2"
 
 /*
  * The token expression: idempotency.new_lease_token() (1.1) draws tokens
@@ -317,7 +323,7 @@ static const char *outbox_lock_sql_format =
 #define OUTBOX_LEASE_SQL(token) \
 "UPDATE idempotency.outbox o" \
 OUTBOX_LEASE_SET(token) \
-"  WHERE o.ctid = ANY ($3)" \
+"  WHERE o.ctid OPERATOR(pg_catalog.=) ANY ($3)" \
 " RETURNING o.*"
 
 static const char *const outbox_lease_sql[2] = {
@@ -346,17 +352,18 @@ static const char *const outbox_lease_sql[2] = {
 "   SET status = 'leased'::idempotency.outbox_status," \
 "       lease_token = " token "," \
 "       leased_by = $1," \
-"       lease_until = pg_catalog.statement_timestamp() + $2," \
-"       available_at = pg_catalog.statement_timestamp() + $2" \
+"       lease_until = pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) $2," \
+"       available_at = pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) $2" \
 "  FROM (SELECT c.ctid" \
 "          FROM idempotency.outbox c" \
-"         WHERE c.status IN ('pending', 'leased')" \
-"           AND c.available_at <= pg_catalog.statement_timestamp()" \
+"         WHERE c.status OPERATOR(pg_catalog.=) ANY ('{pending,leased}'::idempotency.outbox_status[])" \
+"           AND c.available_at OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()" \
 "           %s%s%s" \
 "         ORDER BY c.available_at" \
 "         LIMIT 1" \
 "           FOR UPDATE SKIP LOCKED) l" \
-" WHERE o.ctid = l.ctid AND o.status = 'pending'" \
+" WHERE o.ctid OPERATOR(pg_catalog.=) l.ctid" \
+"   AND o.status OPERATOR(pg_catalog.=) 'pending'" \
 " RETURNING o.*"
 
 static const char *const outbox_claim_one_sql_format[2] = {
@@ -368,7 +375,8 @@ static const char *outbox_ack_sql =
 "UPDATE idempotency.outbox"
 "   SET status = 'done', done_at = pg_catalog.statement_timestamp(),"
 "       provider_ref = $4, lease_until = NULL"
-" WHERE tenant_id = $1 AND id = $2 AND status = 'leased' AND lease_token = $3";
+" WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2"
+"   AND status OPERATOR(pg_catalog.=) 'leased' AND lease_token OPERATOR(pg_catalog.=) $3";
 
 /*
  * With idempotency.outbox_retention = 0 delivered rows are not kept: ack
@@ -378,23 +386,26 @@ static const char *outbox_ack_sql =
  */
 static const char *outbox_ack_delete_sql =
 "DELETE FROM idempotency.outbox"
-" WHERE tenant_id = $1 AND id = $2 AND status = 'leased' AND lease_token = $3";
+" WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2"
+"   AND status OPERATOR(pg_catalog.=) 'leased' AND lease_token OPERATOR(pg_catalog.=) $3";
 
 static const char *outbox_nack_sql =
 "UPDATE idempotency.outbox"
-"   SET attempts = attempts + 1,"
-"       status = CASE WHEN attempts + 1 >= max_attempts"
+"   SET attempts = attempts OPERATOR(pg_catalog.+) 1,"
+"       status = CASE WHEN attempts OPERATOR(pg_catalog.+) 1"
+"                          OPERATOR(pg_catalog.>=) max_attempts"
 "                THEN 'dead'::idempotency.outbox_status"
 "                ELSE 'pending'::idempotency.outbox_status END,"
 "       available_at = pg_catalog.statement_timestamp()"
-"           + COALESCE($5, pg_catalog.make_interval(secs =>"
-"                 LEAST(" CppAsString2(OUTBOX_BACKOFF_CAP_SECS) "::float8,"
-"                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::float8"
-"                       * pg_catalog.power(2.0::float8,"
-"                                          LEAST(attempts, 30)::float8))"
-"                 * $6)),"
+"           OPERATOR(pg_catalog.+) COALESCE($5, pg_catalog.make_interval(secs =>"
+"                 LEAST(" CppAsString2(OUTBOX_BACKOFF_CAP_SECS) "::pg_catalog.float8,"
+"                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::pg_catalog.float8"
+"                       OPERATOR(pg_catalog.*) pg_catalog.power(2.0::pg_catalog.float8,"
+"                                          LEAST(attempts, 30)::pg_catalog.float8))"
+"                 OPERATOR(pg_catalog.*) $6)),"
 "       last_error = $4, lease_token = NULL, lease_until = NULL"
-" WHERE tenant_id = $1 AND id = $2 AND status = 'leased' AND lease_token = $3"
+" WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2"
+"   AND status OPERATOR(pg_catalog.=) 'leased' AND lease_token OPERATOR(pg_catalog.=) $3"
 " RETURNING status";
 
 static const char *outbox_requeue_sql =
@@ -402,7 +413,8 @@ static const char *outbox_requeue_sql =
 "   SET status = 'pending', attempts = 0,"
 "       available_at = pg_catalog.statement_timestamp(),"
 "       lease_token = NULL, lease_until = NULL"
-" WHERE tenant_id = $1 AND id = $2 AND status = 'dead'"
+" WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2"
+"   AND status OPERATOR(pg_catalog.=) 'dead'"
 " RETURNING topic";
 
 /*
@@ -412,9 +424,10 @@ static const char *outbox_requeue_sql =
  */
 static const char *outbox_extend_sql =
 "UPDATE idempotency.outbox"
-"   SET lease_until = pg_catalog.statement_timestamp() + $4,"
-"       available_at = pg_catalog.statement_timestamp() + $4"
-" WHERE tenant_id = $1 AND id = $2 AND status = 'leased' AND lease_token = $3"
+"   SET lease_until = pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) $4,"
+"       available_at = pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) $4"
+" WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2"
+"   AND status OPERATOR(pg_catalog.=) 'leased' AND lease_token OPERATOR(pg_catalog.=) $3"
 " RETURNING lease_until";
 
 /*
@@ -430,39 +443,44 @@ static const char *outbox_ack_many_sql =
 "       provider_ref = r.ref, lease_until = NULL"
 "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
 "                  pg_catalog.unnest($4)) AS r(id, token, ref)"
-" WHERE o.tenant_id = $1 AND o.id = r.id"
-"   AND o.status = 'leased' AND o.lease_token = r.token"
+" WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) r.id"
+"   AND o.status OPERATOR(pg_catalog.=) 'leased'"
+"   AND o.lease_token OPERATOR(pg_catalog.=) r.token"
 " RETURNING o.id";
 
 static const char *outbox_ack_many_delete_sql =
 "DELETE FROM idempotency.outbox o"
 " USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS r(id, token)"
-" WHERE o.tenant_id = $1 AND o.id = r.id"
-"   AND o.status = 'leased' AND o.lease_token = r.token"
+" WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) r.id"
+"   AND o.status OPERATOR(pg_catalog.=) 'leased'"
+"   AND o.lease_token OPERATOR(pg_catalog.=) r.token"
 " RETURNING o.id";
 
 static const char *outbox_nack_many_sql =
 "UPDATE idempotency.outbox o"
-"   SET attempts = o.attempts + 1,"
-"       status = CASE WHEN o.attempts + 1 >= o.max_attempts"
+"   SET attempts = o.attempts OPERATOR(pg_catalog.+) 1,"
+"       status = CASE WHEN o.attempts OPERATOR(pg_catalog.+) 1"
+"                          OPERATOR(pg_catalog.>=) o.max_attempts"
 "                THEN 'dead'::idempotency.outbox_status"
 "                ELSE 'pending'::idempotency.outbox_status END,"
 "       available_at = pg_catalog.statement_timestamp()"
-"           + COALESCE($5, pg_catalog.make_interval(secs =>"
-"                 LEAST(" CppAsString2(OUTBOX_BACKOFF_CAP_SECS) "::float8,"
-"                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::float8"
-"                       * pg_catalog.power(2.0::float8,"
-"                                          LEAST(o.attempts, 30)::float8))"
-"                 * r.jitter)),"
+"           OPERATOR(pg_catalog.+) COALESCE($5, pg_catalog.make_interval(secs =>"
+"                 LEAST(" CppAsString2(OUTBOX_BACKOFF_CAP_SECS) "::pg_catalog.float8,"
+"                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::pg_catalog.float8"
+"                       OPERATOR(pg_catalog.*) pg_catalog.power(2.0::pg_catalog.float8,"
+"                                          LEAST(o.attempts, 30)::pg_catalog.float8))"
+"                 OPERATOR(pg_catalog.*) r.jitter)),"
 "       last_error = $4, lease_token = NULL, lease_until = NULL"
 "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
 "                  pg_catalog.unnest($6)) AS r(id, token, jitter)"
-" WHERE o.tenant_id = $1 AND o.id = r.id"
-"   AND o.status = 'leased' AND o.lease_token = r.token"
+" WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) r.id"
+"   AND o.status OPERATOR(pg_catalog.=) 'leased'"
+"   AND o.lease_token OPERATOR(pg_catalog.=) r.token"
 " RETURNING o.id, o.status";
 
 static const char *outbox_status_sql =
-"SELECT status::text FROM idempotency.outbox WHERE tenant_id = $1 AND id = $2";
+"SELECT status::pg_catalog.text FROM idempotency.outbox"
+" WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2";
 
 /* Saved plans, prepared on first use in this backend. */
 static SPIPlanPtr enqueue_plan = NULL;
@@ -1332,15 +1350,15 @@ outbox_claim_sql(char *sql, size_t len, const char *format, int filters,
 	char		tenant[64];
 
 	if (filters & CLAIM_ONE_TOPIC)
-		snprintf(topics, sizeof(topics), " AND c.topic = ($%d)[1]", param);
+		snprintf(topics, sizeof(topics), " AND c.topic OPERATOR(pg_catalog.=) ($%d)[1]", param);
 	else if (filters & CLAIM_FILTER_TOPICS)
-		snprintf(topics, sizeof(topics), " AND c.topic = ANY ($%d)", param);
+		snprintf(topics, sizeof(topics), " AND c.topic OPERATOR(pg_catalog.=) ANY ($%d)", param);
 	else
-		snprintf(topics, sizeof(topics), " AND $%d::text[] IS NULL", param);
+		snprintf(topics, sizeof(topics), " AND $%d::pg_catalog.text[] IS NULL", param);
 	if (filters & CLAIM_FILTER_TENANT)
-		snprintf(tenant, sizeof(tenant), " AND c.tenant_id = $%d", param + 1);
+		snprintf(tenant, sizeof(tenant), " AND c.tenant_id OPERATOR(pg_catalog.=) $%d", param + 1);
 	else
-		snprintf(tenant, sizeof(tenant), " AND $%d::text IS NULL", param + 1);
+		snprintf(tenant, sizeof(tenant), " AND $%d::pg_catalog.text IS NULL", param + 1);
 	snprintf(sql, len, format, topics, tenant,
 			 (filters & CLAIM_ORDERED) ? outbox_ordered_filter : "");
 }
