@@ -43,7 +43,8 @@ GRANT SELECT ON idempotency.outbox TO idempotency_admin;
  * The claim path: due rows (pending, or leased with an expired lease: for a
  * leased row available_at is the end of its lease), oldest first.  Rows
  * that are done or dead leave the index, so it stays as small as the
- * backlog.  outbox.c's claim statement repeats this predicate verbatim.
+ * backlog.  outbox.c's claim statement repeats this predicate (as "= ANY"
+ * of the same statuses, which the planner proves equal).
  */
 CREATE INDEX outbox_claim_idx ON idempotency.outbox (available_at)
     WHERE status IN ('pending', 'leased');
@@ -68,7 +69,8 @@ CREATE UNIQUE INDEX outbox_dedup_idx ON idempotency.outbox (tenant_id, topic, de
 /*
  * Ordered delivery: the rows of a tenant and ordering key not yet
  * finished, by id.  The claim asks it whether a row has an unfinished
- * predecessor; outbox.c repeats this status list verbatim.
+ * predecessor; outbox.c repeats this status list (as "= ANY" of the same
+ * statuses, which the planner proves equal).
  */
 CREATE INDEX outbox_ordering_idx ON idempotency.outbox (tenant_id, ordering_key, id)
     WHERE status IN ('pending', 'leased', 'dead') AND ordering_key IS NOT NULL;
