@@ -266,16 +266,19 @@ END
 $$;
 
 /*
- * Tenants, scopes and keys are compared byte for byte (collation "C"), as
- * in a fresh install: the primary key is rebuilt, under an exclusive lock
- * for as long as that takes.  The health view reads the columns, so it is
- * dropped and created again, with its comment and privileges.
+ * Tenants, scopes and keys are compared byte for byte (collation "C"), and
+ * the primary key orders the key before the scope, as in a fresh install:
+ * the primary key is rebuilt once, under an exclusive lock for as long as
+ * that takes.  The health view reads the columns, so it is dropped and
+ * created again, with its comment and privileges.
  */
 DROP VIEW idempotency.health;
 ALTER TABLE idempotency.keys
+    DROP CONSTRAINT keys_pkey,
     ALTER COLUMN tenant_id TYPE pg_catalog.text COLLATE pg_catalog."C",
     ALTER COLUMN scope TYPE pg_catalog.text COLLATE pg_catalog."C",
-    ALTER COLUMN idem_key TYPE pg_catalog.text COLLATE pg_catalog."C";
+    ALTER COLUMN idem_key TYPE pg_catalog.text COLLATE pg_catalog."C",
+    ADD CONSTRAINT keys_pkey PRIMARY KEY (tenant_id, idem_key, scope);
 
 CREATE VIEW idempotency.health AS
 SELECT k.processing,

@@ -1123,6 +1123,31 @@ idem_scopes_changed(PG_FUNCTION_ARGS)
  */
 
 /*
+ * Which of the key's three parts (KeyIdent values: tenant, scope, key) the
+ * primary key's column "column" holds.  The probe follows the index's own
+ * column order.
+ */
+static int
+keys_pkey_ident(Relation index, int column)
+{
+	AttrNumber	attnum;
+
+	if (index->rd_index->indnkeyatts != 3)
+		elog(ERROR, "primary key of idempotency.keys has %d columns, expected 3",
+			 index->rd_index->indnkeyatts);
+	attnum = index->rd_index->indkey.values[column];
+	if (attnum == keys_attnum[KEYS_ATT_TENANT_ID])
+		return 0;
+	if (attnum == keys_attnum[KEYS_ATT_SCOPE])
+		return 1;
+	if (attnum == keys_attnum[KEYS_ATT_IDEM_KEY])
+		return 2;
+	elog(ERROR, "primary key of idempotency.keys has an unexpected column %d",
+		 attnum);
+	return 0;					/* keep compiler quiet */
+}
+
+/*
  * Fetch the key's row into *row (palloc'd in the current context).
  *
  * This is the hot read of every call, so it probes keys_pkey directly, as
@@ -1171,7 +1196,8 @@ keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 	for (i = 0; i < 3; i++)
 		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber,
 							   InvalidOid, index->rd_indcollation[i],
-							   F_TEXTEQ, id->values[i]);
+							   F_TEXTEQ,
+							   id->values[keys_pkey_ident(index, i)]);
 	slot = table_slot_create(heap, NULL);
 #if PG_VERSION_NUM >= 180000
 	scan = index_beginscan(heap, index, snapshot, NULL, 3, 0);
@@ -1596,6 +1622,8 @@ reserve_flag_stale(KeyIdent *id)
  * expired at "now".  Sets *earliest_expiry to the earliest expiry of the
  * finished ones (0 when there are none), and *mark to the pair's
  * admissions (idem_quota_mark) read just before the count's snapshot.
+ * The primary key (tenant_id, idem_key, scope) serves it: the tenant's
+ * range, with the scope checked in the index entries.
  */
 static int64
 keys_count_live(KeyIdent *id, TimestampTz now, TimestampTz *earliest_expiry,

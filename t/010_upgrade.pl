@@ -50,6 +50,14 @@ SELECT outbox_enqueue('acme', 'mail', '{"to": "x"}');
 my $token = $node->safe_psql('old',
 	q{SELECT lock_token FROM idem_reserve('acme', 'pay', 'flight-1', '{"amount": 2}'::jsonb)});
 like($token, qr/^[0-9a-f-]{36}$/, 'a two-phase reservation in flight under 1.0');
+# the 1.1 library probes 1.0's primary key, whose columns are in another
+# order (tenant_id, scope, idem_key), until the update
+is($node->safe_psql('old', q{
+SELECT outcome || ' ' || response_code
+  FROM idem_reserve('acme', 'pay', 'done-1', '{"amount": 1, "trace": "c"}'::jsonb)
+UNION ALL
+SELECT outcome::text FROM idem_reserve('acme', 'pay', 'flight-1', '{"amount": 2}'::jsonb)}),
+	"replay 201\nin_progress", 'the new library reads keys through 1.0\'s primary key');
 # the 1.1 library serves 1.0's stats view (11 columns) until the update
 is($node->safe_psql('old',
 		"SELECT created || ' ' || completed FROM idempotency.stats WHERE tenant = 'acme'"),
