@@ -56,7 +56,7 @@ CREATE TABLE idempotency.keys (
     -- which differs from entry to entry, and seldom reaches the scope; in
     -- the order (tenant_id, scope, idem_key) every comparison on the way
     -- down the tree also compared the scope, nearly always equal (a
-    -- replay's probe cost 12% more).  A count of a tenant's keys in one
+    -- replay cost 12% more).  A count of a tenant's keys in one
     -- scope (quotas) still reads the tenant's range, the scope an index
     -- condition.
     CONSTRAINT keys_pkey PRIMARY KEY (tenant_id, idem_key, scope)
