@@ -214,6 +214,7 @@ typedef struct ReserveAnswer
 	pg_uuid_t	token;
 	bool		has_expires_at;
 	TimestampTz expires_at;
+	bool		held;			/* kept pending: held_keys has it already */
 } ReserveAnswer;
 
 /*
@@ -757,13 +758,15 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	}
 }
 
-/* Remember that this transaction holds the key's reservation with "token". */
+/*
+ * The key's entry in this transaction's reservations, made (not pending,
+ * token unset) when *found comes back false.
+ */
 static HeldKey *
-held_remember(KeyIdent *id, const pg_uuid_t *token)
+held_enter(KeyIdent *id, bool *found)
 {
 	uint64		hash = keys_hash(id);
 	HeldKey    *entry;
-	bool		found;
 
 	if (!held_callbacks_registered)
 	{
@@ -782,8 +785,8 @@ held_remember(KeyIdent *id, const pg_uuid_t *token)
 		held_keys = hash_create("idempotency reservations of this transaction",
 								16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	}
-	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_ENTER, &found);
-	if (!found)
+	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_ENTER, found);
+	if (!*found)
 	{
 		/* a later proof of the same key keeps the first (outermost) subid */
 		entry->subid = GetCurrentSubTransactionId();
@@ -792,8 +795,16 @@ held_remember(KeyIdent *id, const pg_uuid_t *token)
 		entry->consumed_subid = InvalidSubTransactionId;
 		entry->fingerprint = NULL;
 	}
-	entry->token = *token;
 	return entry;
+}
+
+/* Remember that this transaction holds the key's reservation with "token". */
+static void
+held_remember(KeyIdent *id, const pg_uuid_t *token)
+{
+	bool		found;
+
+	held_enter(id, &found)->token = *token;
 }
 
 /*
@@ -1393,10 +1404,10 @@ held_defer(KeyIdent *id, Datum *values)
 {
 	MemoryContext oldcxt;
 	HeldKey    *entry;
+	bool		found;
 	int			i;
 
-	if (XactReadOnly || RecoveryInProgress() || idem_citus_distributed() ||
-		held_find(id) != NULL)
+	if (XactReadOnly || RecoveryInProgress() || idem_citus_distributed())
 		return false;
 
 	/*
@@ -1405,7 +1416,10 @@ held_defer(KeyIdent *id, Datum *values)
 	 * this transaction rather than holding the table when the row comes.
 	 */
 	LockRelationOid(keys_relid, RowExclusiveLock);
-	entry = held_remember(id, DatumGetUUIDP(values[4]));
+	entry = held_enter(id, &found);
+	if (found)
+		return false;
+	entry->token = *DatumGetUUIDP(values[4]);
 	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
 	for (i = 0; i < 3; i++)
 		entry->ident[i] = PointerGetDatum(DatumGetTextPCopy(values[i]));
@@ -1944,7 +1958,9 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 			if (reserve_rate_limited(id, policy, now, ans))
 				return false;
 			idem_new_token(token);
-			if (!held_defer(id, newvalues))
+			if (held_defer(id, newvalues))
+				ans->held = true;
+			else
 				reserve_insert(newvalues);
 			ans->outcome = OUTCOME_CREATED;
 			ans->has_token = true;
@@ -2199,7 +2215,7 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 	}
 
 	reserve_count(&id, ans.outcome);
-	if (ans.outcome == OUTCOME_CREATED)
+	if (ans.outcome == OUTCOME_CREATED && !ans.held)
 		held_remember(&id, &ans.token);
 
 	MemoryContextSwitchTo(callcxt);
