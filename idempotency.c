@@ -24,6 +24,8 @@
 #include "access/table.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_namespace.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -36,6 +38,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 
@@ -490,6 +493,115 @@ idem_unbind_tenant(PG_FUNCTION_ARGS)
  * Helpers every module uses
  * ----------------------------------------------------------------
  */
+
+/*
+ * The owner of function "fn", cached until a pg_proc change reaches this
+ * backend (ALTER FUNCTION ... OWNER TO, REASSIGN OWNED).
+ */
+#define OWNER_CACHE_SIZE 8
+static struct
+{
+	Oid			fn;
+	Oid			owner;
+}			owner_cache[OWNER_CACHE_SIZE];
+static int	owner_cache_used = 0;
+static bool owner_callback_registered = false;
+
+static void
+owner_cache_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	(void) arg;
+	(void) cacheid;
+	(void) hashvalue;
+	owner_cache_used = 0;
+}
+
+static Oid
+function_owner(Oid fn)
+{
+	HeapTuple	tuple;
+	Oid			owner;
+	int			i;
+
+	for (i = 0; i < owner_cache_used; i++)
+		if (owner_cache[i].fn == fn)
+			return owner_cache[i].owner;
+	if (!owner_callback_registered)
+	{
+		CacheRegisterSyscacheCallback(PROCOID, owner_cache_callback, (Datum) 0);
+		owner_callback_registered = true;
+	}
+	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn));
+	if (!HeapTupleIsValid(tuple))
+		elog(ERROR, "cache lookup failed for function %u", fn);
+	owner = ((Form_pg_proc) GETSTRUCT(tuple))->proowner;
+	ReleaseSysCache(tuple);
+	if (owner_cache_used < OWNER_CACHE_SIZE)
+	{
+		owner_cache[owner_cache_used].fn = fn;
+		owner_cache[owner_cache_used].owner = owner;
+		owner_cache_used++;
+	}
+	return owner;
+}
+
+/*
+ * Run as the owner of the function being called, with search_path
+ * pg_catalog, pg_temp: what SECURITY DEFINER SET search_path = pg_catalog,
+ * pg_temp gives, for the entry points declared SECURITY INVOKER to spare
+ * the per-call cost of a function-level SET (on 15 and 16, setting and
+ * restoring the GUC walks every setting).  On 15 and 16 the path is
+ * pushed as an override, which costs a list copy; later versions set the
+ * GUC at a new nest level, which they restore cheaply.
+ */
+void
+idem_owner_enter(FunctionCallInfo fcinfo, IdemOwnerScope *scope)
+{
+	Oid			owner;
+
+	if (fcinfo->flinfo == NULL || !OidIsValid(fcinfo->flinfo->fn_oid))
+		elog(ERROR, "idempotency: entry point called without a function OID");
+	owner = function_owner(fcinfo->flinfo->fn_oid);
+
+	GetUserIdAndSecContext(&scope->save_userid, &scope->save_sec_context);
+	SetUserIdAndSecContext(owner,
+						   scope->save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+#if PG_VERSION_NUM < 170000
+	{
+		OverrideSearchPath path;
+		Oid			temp_nsp;
+		Oid			temp_toast_nsp;
+
+		/* the same list as the GUC "pg_catalog, pg_temp" gives */
+		GetTempNamespaceState(&temp_nsp, &temp_toast_nsp);
+		path.schemas = list_make1_oid(PG_CATALOG_NAMESPACE);
+		if (OidIsValid(temp_nsp))
+			path.schemas = lappend_oid(path.schemas, temp_nsp);
+		path.addCatalog = false;
+		path.addTemp = false;
+		path.generation = 0;
+		PushOverrideSearchPath(&path);
+		list_free(path.schemas);
+		scope->save_nestlevel = 0;
+	}
+#else
+	scope->save_nestlevel = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp",
+							 PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+#endif
+}
+
+void
+idem_owner_leave(IdemOwnerScope *scope)
+{
+#if PG_VERSION_NUM < 170000
+	PopOverrideSearchPath();
+#else
+	AtEOXact_GUC(true, scope->save_nestlevel);
+#endif
+	SetUserIdAndSecContext(scope->save_userid, scope->save_sec_context);
+}
 
 /* SPI_connect, with its result checked. */
 void

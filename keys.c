@@ -2233,7 +2233,14 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 Datum
 idem_reserve(PG_FUNCTION_ARGS)
 {
-	return reserve_common(fcinfo, 3, 6);
+	IdemOwnerScope scope;
+	Datum		result;
+
+	/* as the owner of the function, search_path pinned (idem_owner_enter) */
+	idem_owner_enter(fcinfo, &scope);
+	result = reserve_common(fcinfo, 3, 6);
+	idem_owner_leave(&scope);
+	return result;
 }
 
 /*
@@ -2538,8 +2545,8 @@ keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
  *		errors.  Waits for the key's lock; writes the key's row.  The 1.0
  *		declaration has no "retryable" argument.
  */
-Datum
-idem_complete(PG_FUNCTION_ARGS)
+static Datum
+idem_complete_body(FunctionCallInfo fcinfo)
 {
 	KeyIdent	id;
 	pg_uuid_t  *token = PG_ARGISNULL(6) ? NULL : PG_GETARG_UUID_P(6);
@@ -2569,6 +2576,19 @@ idem_complete(PG_FUNCTION_ARGS)
 	if (!OidIsValid(status))
 		PG_RETURN_NULL();
 	PG_RETURN_OID(status);
+}
+
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_complete(PG_FUNCTION_ARGS)
+{
+	IdemOwnerScope scope;
+	Datum		result;
+
+	idem_owner_enter(fcinfo, &scope);
+	result = idem_complete_body(fcinfo);
+	idem_owner_leave(&scope);
+	return result;
 }
 
 /*

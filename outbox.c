@@ -1210,8 +1210,8 @@ outbox_enqueue_dedup(OutboxEnqueueArgs *a, int64 *id)
  * ordering_key, first waits for other transactions enqueueing for the
  * same tenant and key (see OUTBOX_ORDER_LOCK_CLASS).
  */
-Datum
-idem_outbox_enqueue(PG_FUNCTION_ARGS)
+static Datum
+idem_outbox_enqueue_body(FunctionCallInfo fcinfo)
 {
 	OutboxEnqueueArgs a;
 	SPIPlanPtr	plan;
@@ -1254,6 +1254,19 @@ idem_outbox_enqueue(PG_FUNCTION_ARGS)
 							a.headers, a.ordering_key);
 
 	PG_RETURN_INT64(id);
+}
+
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_outbox_enqueue(PG_FUNCTION_ARGS)
+{
+	IdemOwnerScope scope;
+	Datum		result;
+
+	idem_owner_enter(fcinfo, &scope);
+	result = idem_outbox_enqueue_body(fcinfo);
+	idem_owner_leave(&scope);
+	return result;
 }
 
 /* outbox_claim's arguments, checked before anything is read or written. */
@@ -1615,8 +1628,8 @@ outbox_require_set_context(FunctionCallInfo fcinfo, const char *name)
  * candidates; when idempotency.tenant is set and "tenant" is NULL, only
  * that tenant's rows are claimed.  Returns the leased rows.
  */
-Datum
-idem_outbox_claim(PG_FUNCTION_ARGS)
+static Datum
+idem_outbox_claim_body(FunctionCallInfo fcinfo)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	char	   *worker;
@@ -1684,6 +1697,19 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_outbox_claim(PG_FUNCTION_ARGS)
+{
+	IdemOwnerScope scope;
+	Datum		result;
+
+	idem_owner_enter(fcinfo, &scope);
+	result = idem_outbox_claim_body(fcinfo);
+	idem_owner_leave(&scope);
+	return result;
+}
+
 /*
  * outbox_ack(tenant text, id bigint, lease_token uuid, provider_ref text)
  *
@@ -1695,8 +1721,8 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
  * tenant's, or one already deleted by ack), 55000 already done or dead,
  * 55006 stale lease token.
  */
-Datum
-idem_outbox_ack(PG_FUNCTION_ARGS)
+static Datum
+idem_outbox_ack_body(FunctionCallInfo fcinfo)
 {
 	char	   *tenant;
 	int64		id;
@@ -1731,6 +1757,19 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	PG_RETURN_VOID();
+}
+
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_outbox_ack(PG_FUNCTION_ARGS)
+{
+	IdemOwnerScope scope;
+	Datum		result;
+
+	idem_owner_enter(fcinfo, &scope);
+	result = idem_outbox_ack_body(fcinfo);
+	idem_owner_leave(&scope);
+	return result;
 }
 
 /*

@@ -101,6 +101,12 @@ CREATE VIEW idempotency.dead_letters AS
 
 REVOKE ALL ON idempotency.dead_letters FROM PUBLIC;
 
+/*
+ * outbox_enqueue, outbox_claim and outbox_ack, called once per message, are
+ * declared SECURITY INVOKER and run as their owner with search_path pinned
+ * in C (idem_owner_enter, as idem_reserve); the other outbox functions are
+ * SECURITY DEFINER with SET search_path.
+ */
 CREATE FUNCTION outbox_enqueue(tenant text, topic text, payload jsonb,
                                key text DEFAULT NULL,
                                scope text DEFAULT NULL,
@@ -111,8 +117,7 @@ CREATE FUNCTION outbox_enqueue(tenant text, topic text, payload jsonb,
                                ordering_key text DEFAULT NULL)
     RETURNS bigint
     AS 'MODULE_PATHNAME', 'idem_outbox_enqueue'
-    LANGUAGE C VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp;
+    LANGUAGE C VOLATILE;
 
 COMMENT ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text) IS
     'queue a side effect in the current transaction; NOTIFY idempotency_outbox on commit';
@@ -123,8 +128,7 @@ CREATE FUNCTION outbox_claim(worker text, batch int DEFAULT 10,
                              tenant text DEFAULT NULL)
     RETURNS SETOF idempotency.outbox
     AS 'MODULE_PATHNAME', 'idem_outbox_claim'
-    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 10
-    SET search_path = pg_catalog, pg_temp;
+    LANGUAGE C VOLATILE ROWS 10;
 
 COMMENT ON FUNCTION outbox_claim(text, int, interval, text[], text) IS
     'lease up to batch due outbox rows (FOR UPDATE SKIP LOCKED), oldest first';
@@ -133,8 +137,7 @@ CREATE FUNCTION outbox_ack(tenant text, id bigint, lease_token uuid,
                            provider_ref text DEFAULT NULL)
     RETURNS void
     AS 'MODULE_PATHNAME', 'idem_outbox_ack'
-    LANGUAGE C VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp;
+    LANGUAGE C VOLATILE;
 
 COMMENT ON FUNCTION outbox_ack(text, bigint, uuid, text) IS
     'mark a leased outbox row delivered (only with its current lease_token)';
