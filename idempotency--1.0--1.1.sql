@@ -846,6 +846,16 @@ CREATE INDEX outbox_done_idx ON idempotency.outbox (done_at)
 CREATE INDEX outbox_topic_claim_idx ON idempotency.outbox (topic, available_at)
     WHERE status IN ('pending', 'leased');
 
+/*
+ * The claim path of a worker that claims for one tenant (a claim naming
+ * it, or any claim by a role bound to it): that tenant's due rows, oldest
+ * first, without reading the due rows of the others, so that one tenant's
+ * backlog does not slow down the workers of the rest.  Same predicate as
+ * outbox_claim_idx; outbox.c names the tenant as an equality.
+ */
+CREATE INDEX outbox_tenant_claim_idx ON idempotency.outbox (tenant_id, available_at)
+    WHERE status IN ('pending', 'leased');
+
 DROP FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int);
 
 CREATE FUNCTION @extschema@.outbox_enqueue(tenant text, topic text, payload jsonb,

@@ -550,9 +550,7 @@ function_owner(Oid fn)
  * pg_catalog, pg_temp: what SECURITY DEFINER SET search_path = pg_catalog,
  * pg_temp gives, for the entry points declared SECURITY INVOKER to spare
  * the per-call cost of a function-level SET (on 15 and 16, setting and
- * restoring the GUC walks every setting).  On 15 and 16 the path is
- * pushed as an override, which costs a list copy; later versions set the
- * GUC at a new nest level, which they restore cheaply.
+ * restoring the GUC walks every setting); see idem_pin_search_path.
  */
 void
 idem_owner_enter(FunctionCallInfo fcinfo, IdemOwnerScope *scope)
@@ -566,41 +564,61 @@ idem_owner_enter(FunctionCallInfo fcinfo, IdemOwnerScope *scope)
 	GetUserIdAndSecContext(&scope->save_userid, &scope->save_sec_context);
 	SetUserIdAndSecContext(owner,
 						   scope->save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
-#if PG_VERSION_NUM < 170000
-	{
-		OverrideSearchPath path;
-		Oid			temp_nsp;
-		Oid			temp_toast_nsp;
-
-		/* the same list as the GUC "pg_catalog, pg_temp" gives */
-		GetTempNamespaceState(&temp_nsp, &temp_toast_nsp);
-		path.schemas = list_make1_oid(PG_CATALOG_NAMESPACE);
-		if (OidIsValid(temp_nsp))
-			path.schemas = lappend_oid(path.schemas, temp_nsp);
-		path.addCatalog = false;
-		path.addTemp = false;
-		path.generation = 0;
-		PushOverrideSearchPath(&path);
-		list_free(path.schemas);
-		scope->save_nestlevel = 0;
-	}
-#else
-	scope->save_nestlevel = NewGUCNestLevel();
-	(void) set_config_option("search_path", "pg_catalog, pg_temp",
-							 PGC_USERSET, PGC_S_SESSION,
-							 GUC_ACTION_SAVE, true, 0, false);
-#endif
+	scope->save_nestlevel = idem_pin_search_path();
 }
 
 void
 idem_owner_leave(IdemOwnerScope *scope)
 {
+	idem_unpin_search_path(scope->save_nestlevel);
+	SetUserIdAndSecContext(scope->save_userid, scope->save_sec_context);
+}
+
+/*
+ * Pin search_path to pg_catalog, pg_temp until idem_unpin_search_path
+ * (called at the same transaction nesting level, with what this returned)
+ * or until the (sub)transaction aborts.  On 15 and 16 an override of the
+ * search path, a list copy; later versions set the GUC at a new nest level,
+ * which they restore cheaply (15 and 16 walk every setting to restore one).
+ */
+int
+idem_pin_search_path(void)
+{
 #if PG_VERSION_NUM < 170000
+	OverrideSearchPath path;
+	Oid			temp_nsp;
+	Oid			temp_toast_nsp;
+
+	/* the same list as the GUC "pg_catalog, pg_temp" gives */
+	GetTempNamespaceState(&temp_nsp, &temp_toast_nsp);
+	path.schemas = list_make1_oid(PG_CATALOG_NAMESPACE);
+	if (OidIsValid(temp_nsp))
+		path.schemas = lappend_oid(path.schemas, temp_nsp);
+	path.addCatalog = false;
+	path.addTemp = false;
+	path.generation = 0;
+	PushOverrideSearchPath(&path);
+	list_free(path.schemas);
+	return 0;
+#else
+	int			save_nestlevel = NewGUCNestLevel();
+
+	(void) set_config_option("search_path", "pg_catalog, pg_temp",
+							 PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	return save_nestlevel;
+#endif
+}
+
+void
+idem_unpin_search_path(int save_nestlevel)
+{
+#if PG_VERSION_NUM < 170000
+	(void) save_nestlevel;
 	PopOverrideSearchPath();
 #else
-	AtEOXact_GUC(true, scope->save_nestlevel);
+	AtEOXact_GUC(true, save_nestlevel);
 #endif
-	SetUserIdAndSecContext(scope->save_userid, scope->save_sec_context);
 }
 
 /* SPI_connect, with its result checked. */

@@ -108,6 +108,8 @@ typedef struct IdemOwnerScope
 
 extern void idem_owner_enter(FunctionCallInfo fcinfo, IdemOwnerScope *scope);
 extern void idem_owner_leave(IdemOwnerScope *scope);
+extern int	idem_pin_search_path(void);
+extern void idem_unpin_search_path(int save_nestlevel);
 
 /* SPI_connect and SPI_execute_plan with their results checked. */
 struct _SPI_plan;

@@ -1539,12 +1539,9 @@ held_flush_all(void)
 			/*
 			 * As the key functions run: with their search_path, in a
 			 * snapshot of ours (the portals are closed).  An error aborts
-			 * the transaction, which restores the role and the settings.
+			 * the transaction, which restores the role and the search path.
 			 */
-			save_nestlevel = NewGUCNestLevel();
-			(void) set_config_option("search_path", "pg_catalog, pg_temp",
-									 PGC_USERSET, PGC_S_SESSION,
-									 GUC_ACTION_SAVE, true, 0, false);
+			save_nestlevel = idem_pin_search_path();
 			PushActiveSnapshot(GetTransactionSnapshot());
 			idem_spi_connect();
 			connected = true;
@@ -1560,7 +1557,7 @@ held_flush_all(void)
 	{
 		SPI_finish();
 		PopActiveSnapshot();
-		AtEOXact_GUC(true, save_nestlevel);
+		idem_unpin_search_path(save_nestlevel);
 	}
 }
 

@@ -1351,7 +1351,8 @@ outbox_claim_filters(Datum topics, const char *tenant, Datum *values,
  * ordering), for "filters"; the topics are parameter $"param", the tenant
  * $"param" + 1.  The fragments are fixed: one saved plan per combination.
  * One topic is an equality, which outbox_topic_claim_idx serves in
- * available_at order without reading other topics' due rows; several are
+ * available_at order without reading other topics' due rows, and so is
+ * the tenant (outbox_tenant_claim_idx); several topics are
  * "= ANY", read through outbox_claim_idx in available_at order (an index
  * on the topic would return each topic's rows apart, to be sorted whole).
  */

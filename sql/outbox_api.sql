@@ -131,6 +131,26 @@ SELECT payload->>'n' AS n FROM outbox_claim('w', 2, '1 minute', topics => '[0:0]
 SELECT topic, count(*) FROM outbox_claim('w', 2, '1 minute', topics => '{obx.urgent,obx.bulk}')
  GROUP BY topic ORDER BY topic;
 
+-- likewise a claim for one tenant (naming it, or by a session confined to
+-- it) reads that tenant's due rows (outbox_tenant_claim_idx), not the
+-- older due rows of the other tenants
+SELECT count(outbox_enqueue('obx_q', 'obx.quiet', jsonb_build_object('n', g)))
+  FROM generate_series(1, 4) g;
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, max_attempts, available_at)
+SELECT 'obx_t' || g % 20, 'obx.other', '{}', 5, now() + interval '1 hour'
+  FROM generate_series(1, 200) g;
+ANALYZE idempotency.outbox;
+SELECT pg_stat_force_next_flush();
+BEGIN;
+SELECT payload->>'n' AS n FROM outbox_claim('w', 2, '1 minute', tenant => 'obx_q')
+ ORDER BY 1;
+SET LOCAL idempotency.tenant = 'obx_q';
+SELECT payload->>'n' AS n FROM outbox_claim('w', 1, '1 minute');
+SELECT pg_stat_get_xact_blocks_fetched('idempotency.outbox'::regclass) <= 40
+           AS reads_its_tenant;
+COMMIT;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_q' OR tenant_id LIKE 'obx_t%';
+
 -- idempotency.tenant binds the session: a NULL tenant means that tenant, and
 -- naming another one is refused
 SELECT outbox_enqueue('obx_a', 'obx.bound', '{}') AS id_ba \gset
