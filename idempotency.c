@@ -574,6 +574,19 @@ idem_owner_leave(IdemOwnerScope *scope)
 	SetUserIdAndSecContext(scope->save_userid, scope->save_sec_context);
 }
 
+/* "body"(fcinfo) between idem_owner_enter and idem_owner_leave. */
+Datum
+idem_call_as_owner(FunctionCallInfo fcinfo, PGFunction body)
+{
+	IdemOwnerScope scope;
+	Datum		result;
+
+	idem_owner_enter(fcinfo, &scope);
+	result = body(fcinfo);
+	idem_owner_leave(&scope);
+	return result;
+}
+
 /*
  * Pin search_path to pg_catalog, pg_temp until idem_unpin_search_path
  * (called at the same transaction nesting level, with what this returned)

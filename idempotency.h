@@ -108,6 +108,7 @@ typedef struct IdemOwnerScope
 
 extern void idem_owner_enter(FunctionCallInfo fcinfo, IdemOwnerScope *scope);
 extern void idem_owner_leave(IdemOwnerScope *scope);
+extern Datum idem_call_as_owner(FunctionCallInfo fcinfo, PGFunction body);
 extern int	idem_pin_search_path(void);
 extern void idem_unpin_search_path(int save_nestlevel);
 

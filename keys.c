@@ -2227,17 +2227,17 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
  *		request minus the scope's fingerprint_ignore members, or given by
  *		the application (32 bytes) instead of the request.
  */
+static Datum
+idem_reserve_body(FunctionCallInfo fcinfo)
+{
+	return reserve_common(fcinfo, 3, 6);
+}
+
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
 Datum
 idem_reserve(PG_FUNCTION_ARGS)
 {
-	IdemOwnerScope scope;
-	Datum		result;
-
-	/* as the owner of the function, search_path pinned (idem_owner_enter) */
-	idem_owner_enter(fcinfo, &scope);
-	result = reserve_common(fcinfo, 3, 6);
-	idem_owner_leave(&scope);
-	return result;
+	return idem_call_as_owner(fcinfo, idem_reserve_body);
 }
 
 /*
@@ -2579,13 +2579,7 @@ idem_complete_body(FunctionCallInfo fcinfo)
 Datum
 idem_complete(PG_FUNCTION_ARGS)
 {
-	IdemOwnerScope scope;
-	Datum		result;
-
-	idem_owner_enter(fcinfo, &scope);
-	result = idem_complete_body(fcinfo);
-	idem_owner_leave(&scope);
-	return result;
+	return idem_call_as_owner(fcinfo, idem_complete_body);
 }
 
 /*

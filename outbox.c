@@ -1260,13 +1260,7 @@ idem_outbox_enqueue_body(FunctionCallInfo fcinfo)
 Datum
 idem_outbox_enqueue(PG_FUNCTION_ARGS)
 {
-	IdemOwnerScope scope;
-	Datum		result;
-
-	idem_owner_enter(fcinfo, &scope);
-	result = idem_outbox_enqueue_body(fcinfo);
-	idem_owner_leave(&scope);
-	return result;
+	return idem_call_as_owner(fcinfo, idem_outbox_enqueue_body);
 }
 
 /* outbox_claim's arguments, checked before anything is read or written. */
@@ -1702,13 +1696,7 @@ idem_outbox_claim_body(FunctionCallInfo fcinfo)
 Datum
 idem_outbox_claim(PG_FUNCTION_ARGS)
 {
-	IdemOwnerScope scope;
-	Datum		result;
-
-	idem_owner_enter(fcinfo, &scope);
-	result = idem_outbox_claim_body(fcinfo);
-	idem_owner_leave(&scope);
-	return result;
+	return idem_call_as_owner(fcinfo, idem_outbox_claim_body);
 }
 
 /*
@@ -1764,13 +1752,7 @@ idem_outbox_ack_body(FunctionCallInfo fcinfo)
 Datum
 idem_outbox_ack(PG_FUNCTION_ARGS)
 {
-	IdemOwnerScope scope;
-	Datum		result;
-
-	idem_owner_enter(fcinfo, &scope);
-	result = idem_outbox_ack_body(fcinfo);
-	idem_owner_leave(&scope);
-	return result;
+	return idem_call_as_owner(fcinfo, idem_outbox_ack_body);
 }
 
 /*
