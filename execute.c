@@ -18,9 +18,9 @@
  *
  * idem_execute is SECURITY INVOKER without a search_path of its own, so
  * the handler runs as the caller, with the caller's search_path and
- * privileges.  The key functions are called through the function manager,
- * which runs them as declared (SECURITY DEFINER, fixed search_path); this
- * file runs no SQL of its own.
+ * privileges.  The key functions are called through the function manager
+ * and run as their owner with search_path pinned, as for any caller
+ * (idem_owner_enter); this file runs no SQL of its own.
  *
  * IDENTIFICATION
  *	  execute.c

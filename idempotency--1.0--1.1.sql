@@ -717,8 +717,8 @@ CREATE TYPE idempotency.response AS (
  * Reserve, call the handler (tenant text, key text, request jsonb) RETURNS
  * idempotency.response when the key is new, store its response, answer.
  * SECURITY INVOKER and no search_path of its own: the handler runs as the
- * caller, with the caller's search_path; the key functions it calls carry
- * their own (SECURITY DEFINER, fixed search_path).
+ * caller, with the caller's search_path; the key functions it calls run
+ * as their owner with search_path pinned (idem_owner_enter).
  */
 CREATE FUNCTION @extschema@.idem_execute(tenant text, scope text, key text, request jsonb,
                              handler regproc,
