@@ -545,14 +545,23 @@ function_owner(Oid fn)
 	return owner;
 }
 
+/* What idem_owner_enter saves for idem_owner_leave. */
+typedef struct IdemOwnerScope
+{
+	Oid			save_userid;
+	int			save_sec_context;
+	int			save_nestlevel;
+} IdemOwnerScope;
+
 /*
  * Run as the owner of the function being called, with search_path
  * pg_catalog, pg_temp: what SECURITY DEFINER SET search_path = pg_catalog,
  * pg_temp gives, for the entry points declared SECURITY INVOKER to spare
  * the per-call cost of a function-level SET (on 15 and 16, setting and
  * restoring the GUC walks every setting); see idem_pin_search_path.
+ * idem_owner_leave is called at the same transaction nesting level.
  */
-void
+static void
 idem_owner_enter(FunctionCallInfo fcinfo, IdemOwnerScope *scope)
 {
 	Oid			owner;
@@ -567,7 +576,7 @@ idem_owner_enter(FunctionCallInfo fcinfo, IdemOwnerScope *scope)
 	scope->save_nestlevel = idem_pin_search_path();
 }
 
-void
+static void
 idem_owner_leave(IdemOwnerScope *scope)
 {
 	idem_unpin_search_path(scope->save_nestlevel);

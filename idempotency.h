@@ -92,22 +92,12 @@ extern const char *idem_effective_tenant(void);
 /*
  * The hot entry points (idem_reserve, idem_complete, outbox_enqueue,
  * outbox_claim, outbox_ack) are declared SECURITY INVOKER and do in C what
- * SECURITY DEFINER with SET search_path does for the others: run as the
- * owner of the function called, with search_path pinned to pg_catalog (and
- * the session's temporary schema last), and restore both on the way out.
- * An error restores both too: the (sub)transaction's abort resets the user
- * and pops the search path.  idem_owner_leave must be called at the
- * transaction nesting level of idem_owner_enter.
+ * SECURITY DEFINER with SET search_path does for the others: call "body"
+ * as the owner of the function called, with search_path pinned to
+ * pg_catalog (and the session's temporary schema last), and restore both
+ * on the way out.  An error restores both too: the (sub)transaction's abort
+ * resets the user and pops the search path.
  */
-typedef struct IdemOwnerScope
-{
-	Oid			save_userid;
-	int			save_sec_context;
-	int			save_nestlevel;
-} IdemOwnerScope;
-
-extern void idem_owner_enter(FunctionCallInfo fcinfo, IdemOwnerScope *scope);
-extern void idem_owner_leave(IdemOwnerScope *scope);
 extern Datum idem_call_as_owner(FunctionCallInfo fcinfo, PGFunction body);
 extern int	idem_pin_search_path(void);
 extern void idem_unpin_search_path(int save_nestlevel);
