@@ -49,8 +49,15 @@
 
 #include <limits.h>
 
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/pg_am_d.h"
+#include "catalog/pg_enum.h"
+#include "catalog/pg_index.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
@@ -61,14 +68,19 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "replication/message.h"
+#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/relcache.h"
+#include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
@@ -219,7 +231,11 @@ static const char *outbox_dedup_lookup_sql =
  * Ordered delivery.  Rows of one tenant with the same ordering_key are
  * delivered one at a time, in id order: a row is a claim candidate only
  * when no row of its tenant and ordering key with a smaller id is pending,
- * leased or dead (outbox_ordering_idx answers that).  So the head of a key
+ * leased or dead (idempotency.outbox_ordering_head, below, answers that by
+ * probing outbox_ordering_idx; the claim's statements call it for rows
+ * that have an ordering key, which the OR leaves out for the others: a
+ * NOT EXISTS subquery would cost every claim, ordered or not, the start-up
+ * of its scan).  So the head of a key
  * is its oldest unfinished row, and everything behind it waits: while it
  * is leased, while it waits for a retry after a nack, and while it is dead,
  * until it is requeued and delivered, or deleted.
@@ -236,13 +252,8 @@ static const char *outbox_dedup_lookup_sql =
 #define OUTBOX_ORDER_LOCK_CLASS 0x1dE0
 
 static const char *outbox_ordered_filter =
-"   AND (c.ordering_key IS NULL OR NOT EXISTS ("
-"        SELECT FROM idempotency.outbox p"
-"         WHERE p.tenant_id OPERATOR(pg_catalog.=) c.tenant_id"
-"           AND p.ordering_key OPERATOR(pg_catalog.=) c.ordering_key"
-"           AND p.id OPERATOR(pg_catalog.<) c.id"
-"           AND p.status OPERATOR(pg_catalog.=) ANY"
-"               ('{pending,leased,dead}'::idempotency.outbox_status[])))";
+"   AND (c.ordering_key IS NULL OR idempotency.outbox_ordering_head("
+"        c.tableoid, c.tenant_id, c.ordering_key, c.id))";
 
 /* Longest dedup_key or ordering_key, in bytes. */
 #define OUTBOX_MAX_DEDUP_KEY_LEN 255
@@ -552,13 +563,19 @@ claimed_row_cmp(const void *a, const void *b)
 #define OUTBOX_HAS_TOKEN_FN 2
 
 static int	outbox_catalog_known = -1;	/* -1: look it up */
+
+/* The table and index outbox_ordering_head last probed (see there). */
+static Oid	ordering_head_heap = InvalidOid;	/* InvalidOid: look up */
+static Oid	ordering_head_index = InvalidOid;
 static bool outbox_callbacks_installed = false;
 
 static void
-outbox_relcache_callback(Datum arg pg_attribute_unused(),
-						 Oid relid pg_attribute_unused())
+outbox_relcache_callback(Datum arg pg_attribute_unused(), Oid relid)
 {
 	outbox_catalog_known = -1;
+	if (relid == InvalidOid || relid == ordering_head_heap ||
+		relid == ordering_head_index)
+		ordering_head_heap = InvalidOid;
 }
 
 static void
@@ -624,6 +641,152 @@ outbox_lock_ordering_key(const char *tenant, const char *ordering_key)
 	(void) DirectFunctionCall2(pg_advisory_xact_lock_int4,
 							   Int32GetDatum(OUTBOX_ORDER_LOCK_CLASS),
 							   Int32GetDatum((int32) h));
+}
+
+/*
+ * idempotency.outbox_ordering_head(outbox oid, tenant text,
+ *                                  ordering_key text, id bigint) RETURNS bool
+ *
+ * The claim's ordering condition for a row with an ordering key: true when
+ * no row of "tenant" and "ordering_key" with an id below "id" is pending,
+ * leased or dead, in the snapshot of the statement that calls it (the
+ * claim's; its rechecks of a row updated concurrently keep that snapshot,
+ * as a subquery's would).  "outbox" is the table the row came from: the
+ * claim passes the row's tableoid, which on Citus is the shard the pass
+ * reads.
+ *
+ * It probes the table's index on (tenant_id, ordering_key, id) directly,
+ * as keys_fetch probes the primary key: outbox_ordering_idx, which holds
+ * exactly the rows with an ordering key that are pending, leased or dead.
+ * A row reached through it can only be such a row (status and ordering_key
+ * are in its predicate, so an update changing either is never HOT and
+ * leaves the index); the status is checked all the same.  Only the
+ * extension's owner may call it: it is not granted to any role.
+ */
+static AttrNumber ordering_head_status_attnum;
+static Oid	ordering_head_status[3];	/* pending, leased, dead */
+
+static void
+ordering_head_lookup(Relation heap)
+{
+	Oid			relid = RelationGetRelid(heap);
+	AttrNumber	want[3];
+	const char *const names[3] = {"tenant_id", "ordering_key", "id"};
+	const char *const labels[3] = {"pending", "leased", "dead"};
+	AttrNumber	status;
+	Oid			status_type;
+	Oid			found = InvalidOid;
+	List	   *indexes;
+	ListCell   *lc;
+
+	for (int i = 0; i < 3; i++)
+		want[i] = get_attnum(relid, names[i]);
+	status = get_attnum(relid, "status");
+	status_type = status == InvalidAttrNumber ? InvalidOid :
+		get_atttype(relid, status);
+	indexes = RelationGetIndexList(heap);
+	foreach(lc, indexes)
+	{
+		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
+		Form_pg_index form = index->rd_index;
+		bool		match;
+
+		match = index->rd_rel->relam == BTREE_AM_OID &&
+			form->indisvalid && form->indnkeyatts == 3 &&
+			RelationGetIndexExpressions(index) == NIL;
+		for (int i = 0; match && i < 3; i++)
+			match = want[i] != InvalidAttrNumber &&
+				form->indkey.values[i] == want[i];
+		index_close(index, NoLock);
+		if (match)
+		{
+			found = lfirst_oid(lc);
+			break;
+		}
+	}
+	list_free(indexes);
+	if (!OidIsValid(found) || !OidIsValid(status_type))
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("\"%s\" is not an outbox with ordered delivery",
+						RelationGetRelationName(heap)),
+				 errdetail("It has no index on (tenant_id, ordering_key, id) or no status column."),
+				 errhint("Pass the tableoid of an idempotency.outbox row; if outbox_ordering_idx was dropped, reinstall the extension.")));
+	for (int i = 0; i < 3; i++)
+	{
+		ordering_head_status[i] =
+			GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
+							ObjectIdGetDatum(status_type),
+							CStringGetDatum(labels[i]));
+		if (!OidIsValid(ordering_head_status[i]))
+			ereport(ERROR,
+					(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+					 errmsg("\"%s\" is not an outbox with ordered delivery",
+							RelationGetRelationName(heap)),
+					 errdetail("Its status column has no value \"%s\".",
+							   labels[i]),
+					 errhint("Pass the tableoid of an idempotency.outbox row.")));
+	}
+	ordering_head_index = found;
+	ordering_head_status_attnum = status;
+	ordering_head_heap = relid;
+}
+
+PG_FUNCTION_INFO_V1(idem_outbox_ordering_head);
+
+Datum
+idem_outbox_ordering_head(PG_FUNCTION_ARGS)
+{
+	Oid			relid = PG_GETARG_OID(0);
+	Relation	heap;
+	Relation	index;
+	ScanKeyData skey[3];
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	bool		earlier = false;
+	AclResult	aclresult;
+
+	/* registers the relcache callback that clears the cache below */
+	(void) outbox_catalog();
+	aclresult = pg_class_aclcheck(relid, GetUserId(), ACL_SELECT);
+	if (aclresult != ACLCHECK_OK)
+		aclcheck_error(aclresult, OBJECT_TABLE, get_rel_name(relid));
+	heap = table_open(relid, AccessShareLock);
+	if (ordering_head_heap != relid)
+		ordering_head_lookup(heap);
+	index = index_open(ordering_head_index, AccessShareLock);
+	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[0], F_TEXTEQ,
+						   PG_GETARG_DATUM(1));
+	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[1], F_TEXTEQ,
+						   PG_GETARG_DATUM(2));
+	ScanKeyEntryInitialize(&skey[2], 0, 3, BTLessStrategyNumber, InvalidOid,
+						   InvalidOid, F_INT8LT, PG_GETARG_DATUM(3));
+	slot = table_slot_create(heap, NULL);
+#if PG_VERSION_NUM >= 180000
+	scan = index_beginscan(heap, index, GetActiveSnapshot(), NULL, 3, 0);
+#else
+	scan = index_beginscan(heap, index, GetActiveSnapshot(), 3, 0);
+#endif
+	index_rescan(scan, skey, 3, NULL, 0);
+	while (!earlier && index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		Oid			status;
+
+		status = DatumGetObjectId(slot_getattr(slot,
+											   ordering_head_status_attnum,
+											   &isnull));
+		earlier = !isnull && (status == ordering_head_status[0] ||
+							  status == ordering_head_status[1] ||
+							  status == ordering_head_status[2]);
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, NoLock);
+	table_close(heap, NoLock);
+	PG_RETURN_BOOL(!earlier);
 }
 
 /* ----------------------------------------------------------------
@@ -1349,6 +1512,9 @@ outbox_claim_filters(Datum topics, const char *tenant, Datum *values,
  * the tenant (outbox_tenant_claim_idx); several topics are
  * "= ANY", read through outbox_claim_idx in available_at order (an index
  * on the topic would return each topic's rows apart, to be sorted whole).
+ * A filter not asked for leaves its parameter unreferenced (its type is
+ * fixed by the prepare): a "$n IS NULL" in its place would put a gating
+ * Result node into every plan, to be set up on every claim.
  */
 static void
 outbox_claim_sql(char *sql, size_t len, const char *format, int filters,
@@ -1362,11 +1528,11 @@ outbox_claim_sql(char *sql, size_t len, const char *format, int filters,
 	else if (filters & CLAIM_FILTER_TOPICS)
 		snprintf(topics, sizeof(topics), " AND c.topic OPERATOR(pg_catalog.=) ANY ($%d)", param);
 	else
-		snprintf(topics, sizeof(topics), " AND $%d::pg_catalog.text[] IS NULL", param);
+		topics[0] = '\0';
 	if (filters & CLAIM_FILTER_TENANT)
 		snprintf(tenant, sizeof(tenant), " AND c.tenant_id OPERATOR(pg_catalog.=) $%d", param + 1);
 	else
-		snprintf(tenant, sizeof(tenant), " AND $%d::pg_catalog.text IS NULL", param + 1);
+		tenant[0] = '\0';
 	snprintf(sql, len, format, topics, tenant,
 			 (filters & CLAIM_ORDERED) ? outbox_ordered_filter : "");
 }

@@ -237,6 +237,25 @@ COMMENT ON FUNCTION idempotency.new_lease_token() IS
 REVOKE ALL ON FUNCTION idempotency.new_lease_token() FROM PUBLIC;
 
 /*
+ * The claim's ordering condition for a row with an ordering key: true when
+ * no earlier row of its tenant and key is pending, leased or dead, probed
+ * through outbox_ordering_idx (outbox.c).  Only the outbox's own claims
+ * call it.  Its cost is one index probe: priced so, a claim of one topic
+ * keeps to outbox_topic_claim_idx when other topics have a backlog, rather
+ * than filtering their due rows out of outbox_claim_idx.
+ */
+CREATE FUNCTION idempotency.outbox_ordering_head(outbox oid, tenant text,
+                                                 ordering_key text, id bigint)
+    RETURNS boolean
+    AS 'MODULE_PATHNAME', 'idem_outbox_ordering_head'
+    LANGUAGE C STABLE STRICT COST 1000;
+
+COMMENT ON FUNCTION idempotency.outbox_ordering_head(oid, text, text, bigint) IS
+    'whether an outbox row is the first undelivered row of its ordering key, for outbox_claim';
+
+REVOKE ALL ON FUNCTION idempotency.outbox_ordering_head(oid, text, text, bigint) FROM PUBLIC;
+
+/*
  * Undelivered intents are data, not configuration: pg_dump must keep them,
  * and the id sequence with them, or a restored database would lose pending
  * side effects and hand out ids again.

@@ -88,16 +88,34 @@ SELECT pg_temp.claim() AS while_c1_not_due;
 SELECT payload->>'m' AS m, ordering_key, status FROM idempotency.outbox
  WHERE tenant_id IN ('obx_o', 'obx_o2') ORDER BY id;
 
--- the claim asks outbox_ordering_idx whether a row has an unfinished
--- predecessor
-SET enable_seqscan = off;
-SELECT count(*) AS unfinished_before FROM idempotency.outbox p
- WHERE p.tenant_id = 'obx_o' AND p.ordering_key = 'C' AND p.id < 9223372036854775807
-   AND p.status IN ('pending', 'leased', 'dead');
-EXPLAIN (COSTS OFF) SELECT FROM idempotency.outbox p
- WHERE p.tenant_id = 'obx_o' AND p.ordering_key = 'C' AND p.id < 9223372036854775807
-   AND p.status IN ('pending', 'leased', 'dead');
-RESET enable_seqscan;
+-- the claim asks idempotency.outbox_ordering_head whether a row has an
+-- unfinished predecessor: it probes outbox_ordering_idx, and reads the
+-- statuses as the calling statement's snapshot sees them
+SELECT o.payload->>'m' AS m, o.status,
+       idempotency.outbox_ordering_head(o.tableoid, o.tenant_id, o.ordering_key, o.id) AS head
+  FROM idempotency.outbox o
+ WHERE o.tenant_id = 'obx_o' AND o.ordering_key = 'C' ORDER BY o.id;
+SELECT idempotency.outbox_ordering_head('idempotency.outbox'::regclass, 'obx_o2', 'C', 9223372036854775807) AS other_tenant_head;
+BEGIN;
+SELECT idempotency.outbox_ordering_head('idempotency.outbox'::regclass, 'obx_o', 'C', 9223372036854775807) AS behind_c1_c2;
+SELECT pg_stat_get_xact_blocks_fetched('idempotency.outbox_ordering_idx'::regclass) > 0 AS probed_the_index;
+-- c1 done in this transaction: the next statement no longer counts it
+UPDATE idempotency.outbox SET status = 'done', done_at = now()
+ WHERE tenant_id = 'obx_o' AND payload->>'m' = 'c1';
+SELECT payload->>'m' AS m,
+       idempotency.outbox_ordering_head(tableoid, tenant_id, ordering_key, id) AS head
+  FROM idempotency.outbox WHERE tenant_id = 'obx_o' AND ordering_key = 'C' ORDER BY id;
+ROLLBACK;
+-- no argument may be NULL (the claim calls it only for rows with a key)
+SELECT idempotency.outbox_ordering_head('idempotency.outbox'::regclass, 'obx_o', NULL, 1) IS NULL AS null_key;
+-- only an outbox: another table is refused
+SELECT pg_temp.outbox_error('SELECT idempotency.outbox_ordering_head(''idempotency.keys''::regclass, ''obx_o'', ''C'', 1)');
+-- and only the extension's owner calls it: no role is granted it
+CREATE ROLE regress_obx_ord_worker IN ROLE idempotency_worker;
+SET ROLE regress_obx_ord_worker;
+SELECT pg_temp.outbox_error('SELECT idempotency.outbox_ordering_head(''idempotency.outbox''::regclass, ''obx_o'', ''C'', 1)');
+RESET ROLE;
+DROP ROLE regress_obx_ord_worker;
 
 -- bad input raises before anything is written
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_o'', ''obx.ord'', ''{}'', ordering_key => '''')');
