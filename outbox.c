@@ -55,18 +55,23 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/index.h"
 #include "catalog/pg_am_d.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_namespace.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
+#include "executor/executor.h"
 #include "common/hashfn.h"
 #include "common/pg_prng.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "nodes/nodeFuncs.h"
+#include "optimizer/optimizer.h"
 #include "replication/message.h"
 #include "utils/acl.h"
 #include "utils/array.h"
@@ -84,6 +89,7 @@
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
+#include "utils/uuid.h"
 
 #include "idempotency.h"
 
@@ -564,6 +570,38 @@ claimed_row_cmp(const void *a, const void *b)
 
 static int	outbox_catalog_known = -1;	/* -1: look it up */
 
+/* What outbox_ack_direct knows of the table (see there). */
+typedef struct OutboxDirectIndex
+{
+	Oid			oid;
+	IndexInfo  *info;
+	ExprState  *predicate;		/* NULL: not a partial index */
+	bool		unique;
+	bool		unchanged;		/* no key column is one the ack sets */
+} OutboxDirectIndex;
+
+typedef struct OutboxDirect
+{
+	bool		valid;			/* what follows is current */
+	bool		usable;			/* the table is as the extension makes it */
+	Oid			relid;
+	AttrNumber	status;
+	AttrNumber	lease_token;
+	AttrNumber	done_at;
+	AttrNumber	provider_ref;
+	AttrNumber	lease_until;
+	Oid			leased;			/* enum values of status */
+	Oid			done;
+	Oid			pkey;
+	int			nindexes;
+	OutboxDirectIndex *indexes;
+	ExprContext *econtext;		/* evaluates the index predicates */
+	MemoryContext cxt;			/* all of the above */
+} OutboxDirect;
+
+static OutboxDirect outbox_direct = {false};
+static uint64 outbox_direct_invals = 0;	/* counts its invalidations */
+
 /* The table and index outbox_ordering_head last probed (see there). */
 static Oid	ordering_head_heap = InvalidOid;	/* InvalidOid: look up */
 static Oid	ordering_head_index = InvalidOid;
@@ -573,6 +611,11 @@ static void
 outbox_relcache_callback(Datum arg pg_attribute_unused(), Oid relid)
 {
 	outbox_catalog_known = -1;
+	if (relid == InvalidOid || relid == outbox_direct.relid)
+	{
+		outbox_direct.valid = false;
+		outbox_direct_invals++;
+	}
 	if (relid == InvalidOid || relid == ordering_head_heap ||
 		relid == ordering_head_index)
 		ordering_head_heap = InvalidOid;
@@ -1866,6 +1909,386 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 }
 
 /*
+ * The ack of a kept row without the executor.
+ *
+ * An ack is one UPDATE of one row found by primary key, and a worker sends
+ * one per message: executor start-up for it (plan copy, index scan and
+ * ModifyTable state, the indexes opened and their predicates prepared)
+ * costs as much again as the update itself.  outbox_ack_direct does what
+ * that UPDATE does: it probes outbox_pkey with the statement's snapshot (a
+ * fresh one under READ COMMITTED, after a command-counter increment, as
+ * SPI takes it), checks the fence on the version it sees, updates that
+ * version with table_tuple_update (the row lock, the wait for a concurrent
+ * writer, WAL, logical decoding and SERIALIZABLE checks are the table AM's)
+ * and inserts the new version into each index whose predicate it
+ * satisfies, as ExecInsertIndexTuples does.
+ *
+ * When a concurrent transaction updated or deleted the row after the
+ * snapshot (an extend by the same worker, a reclaim once the lease
+ * expired, another ack), the update waits for it and fails; under READ
+ * COMMITTED the ack then starts over with a fresh snapshot and checks the
+ * fence on the version that transaction left, which is what EvalPlanQual
+ * does for the UPDATE (the row is found by a key no update changes).
+ * Under REPEATABLE READ and SERIALIZABLE it raises the serialization
+ * failure the UPDATE would raise.
+ *
+ * Only for the table as the extension creates it: no trigger, row
+ * security, partition or Citus, no exclusion or deferred constraint, and
+ * no CHECK constraint on a column the ack changes (the ack leaves the
+ * others as they are, so theirs still hold).  Anything else, and
+ * outbox_retention = 0 (the ack deletes), goes through the SPI statement.
+ */
+#define OUTBOX_ACK_NO_DIRECT 0		/* use the SPI statement */
+#define OUTBOX_ACK_DONE 1
+#define OUTBOX_ACK_MISS 2			/* no row passed the fence */
+
+
+/*
+ * Whether the ack may update "heap" (idempotency.outbox, opened) directly;
+ * fills outbox_direct, with what inserting a new version into each index
+ * needs (its IndexInfo and prepared predicate), kept until the next
+ * invalidation of the table (which any change to its indexes, constraints
+ * or triggers sends): the executor would build them for every UPDATE.
+ */
+static bool
+outbox_direct_check(Relation heap)
+{
+	TupleDesc	desc = RelationGetDescr(heap);
+	Oid			relid = RelationGetRelid(heap);
+	Oid			status_type;
+	Bitmapset  *changed = NULL;
+	List	   *indexes;
+	ListCell   *lc;
+	bool		usable;
+	MemoryContext oldcxt;
+	uint64		invals = outbox_direct_invals;
+
+	if (outbox_direct.cxt == NULL)
+		outbox_direct.cxt = AllocSetContextCreate(CacheMemoryContext,
+												  "idempotency outbox ack",
+												  ALLOCSET_SMALL_SIZES);
+	else
+		MemoryContextReset(outbox_direct.cxt);
+	outbox_direct.nindexes = 0;
+	outbox_direct.indexes = NULL;
+	outbox_direct.econtext = NULL;
+	oldcxt = MemoryContextSwitchTo(outbox_direct.cxt);
+
+	outbox_direct.status = get_attnum(relid, "status");
+	outbox_direct.lease_token = get_attnum(relid, "lease_token");
+	outbox_direct.done_at = get_attnum(relid, "done_at");
+	outbox_direct.provider_ref = get_attnum(relid, "provider_ref");
+	outbox_direct.lease_until = get_attnum(relid, "lease_until");
+#if PG_VERSION_NUM >= 180000
+	outbox_direct.pkey = RelationGetPrimaryKeyIndex(heap, false);
+#else
+	outbox_direct.pkey = RelationGetPrimaryKeyIndex(heap);
+#endif
+	usable = outbox_direct.status != InvalidAttrNumber &&
+		outbox_direct.lease_token != InvalidAttrNumber &&
+		outbox_direct.done_at != InvalidAttrNumber &&
+		outbox_direct.provider_ref != InvalidAttrNumber &&
+		outbox_direct.lease_until != InvalidAttrNumber &&
+		OidIsValid(outbox_direct.pkey) &&
+		heap->rd_rel->relkind == RELKIND_RELATION &&
+		heap->rd_rel->relam == HEAP_TABLE_AM_OID &&
+		!heap->rd_rel->relispartition &&
+		!heap->rd_rel->relrowsecurity &&
+		heap->trigdesc == NULL &&
+		!(desc->constr != NULL && desc->constr->has_generated_stored) &&
+		!OidIsValid(get_relname_relid("pg_dist_partition",
+									  PG_CATALOG_NAMESPACE));
+	if (usable)
+	{
+		changed = bms_add_member(changed, outbox_direct.status);
+		changed = bms_add_member(changed, outbox_direct.done_at);
+		changed = bms_add_member(changed, outbox_direct.provider_ref);
+		changed = bms_add_member(changed, outbox_direct.lease_until);
+
+		status_type = TupleDescAttr(desc, outbox_direct.status - 1)->atttypid;
+		outbox_direct.leased =
+			GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
+							ObjectIdGetDatum(status_type),
+							CStringGetDatum("leased"));
+		outbox_direct.done =
+			GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
+							ObjectIdGetDatum(status_type),
+							CStringGetDatum("done"));
+		usable = OidIsValid(outbox_direct.leased) &&
+			OidIsValid(outbox_direct.done);
+	}
+
+	/* a CHECK constraint on a column the ack changes: the executor checks */
+	for (int i = 0; usable && desc->constr != NULL &&
+		 i < desc->constr->num_check; i++)
+	{
+		Bitmapset  *attrs = NULL;
+		int			attr = -1;
+
+		pull_varattnos(stringToNode(desc->constr->check[i].ccbin), 1, &attrs);
+		while (usable && (attr = bms_next_member(attrs, attr)) >= 0)
+		{
+			AttrNumber	attnum = attr + FirstLowInvalidHeapAttributeNumber;
+
+			if (attnum <= 0 || bms_is_member(attnum, changed))
+				usable = false;
+		}
+	}
+
+	/*
+	 * Indexes: B-trees on columns; exclusion, deferred uniqueness and
+	 * expressions are the executor's.
+	 */
+	indexes = usable ? RelationGetIndexList(heap) : NIL;
+	outbox_direct.indexes = palloc0(Max(list_length(indexes), 1) *
+									sizeof(OutboxDirectIndex));
+	foreach(lc, indexes)
+	{
+		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
+		OutboxDirectIndex *entry;
+		IndexInfo  *info;
+
+		if (index->rd_rel->relam != BTREE_AM_OID ||
+			index->rd_index->indisexclusion ||
+			!index->rd_index->indimmediate ||
+			RelationGetIndexExpressions(index) != NIL)
+		{
+			usable = false;
+			index_close(index, AccessShareLock);
+			break;
+		}
+		info = BuildIndexInfo(index);
+		entry = &outbox_direct.indexes[outbox_direct.nindexes++];
+		entry->oid = lfirst_oid(lc);
+		entry->info = info;
+		entry->predicate = info->ii_Predicate == NIL ? NULL :
+			ExecInitQual((List *) expression_planner((Expr *) info->ii_Predicate),
+						 NULL);
+		entry->unique = index->rd_index->indisunique;
+		entry->unchanged = true;
+		for (int a = 0; a < info->ii_NumIndexAttrs; a++)
+			if (bms_is_member(info->ii_IndexAttrNumbers[a], changed))
+				entry->unchanged = false;
+		index_close(index, AccessShareLock);
+	}
+	if (usable)
+		outbox_direct.econtext = CreateStandaloneExprContext();
+	MemoryContextSwitchTo(oldcxt);
+
+	outbox_direct.relid = relid;
+	outbox_direct.usable = usable;
+	/* an invalidation that came while this was read: read it again next time */
+	outbox_direct.valid = invals == outbox_direct_invals;
+	return usable;
+}
+
+/*
+ * Insert the new version in "slot" into the indexes that take it, as
+ * ExecInsertIndexTuples does for an UPDATE: an index not ready for
+ * inserts, or whose predicate the version fails, is skipped (and not
+ * opened: a done row enters only the primary key and outbox_done_idx, and
+ * outbox_dedup_idx when it has a dedup_key).  "pkey" is open already.
+ * "summarizing_only": the table AM kept the update HOT for the others.
+ */
+static void
+outbox_direct_index(Relation heap, Relation pkey, TupleTableSlot *slot,
+					bool summarizing_only)
+{
+	ExprContext *econtext = outbox_direct.econtext;
+
+	econtext->ecxt_scantuple = slot;
+	for (int i = 0; i < outbox_direct.nindexes; i++)
+	{
+		OutboxDirectIndex *entry = &outbox_direct.indexes[i];
+		Relation	index;
+		Datum		values[INDEX_MAX_KEYS];
+		bool		isnull[INDEX_MAX_KEYS];
+
+		if (!entry->info->ii_ReadyForInserts)
+			continue;
+#if PG_VERSION_NUM >= 160000
+		if (summarizing_only && !entry->info->ii_Summarizing)
+			continue;
+#else
+		Assert(!summarizing_only);
+		(void) summarizing_only;
+#endif
+		if (entry->predicate != NULL && !ExecQual(entry->predicate, econtext))
+			continue;
+		index = entry->oid == RelationGetRelid(pkey) ? pkey :
+			index_open(entry->oid, RowExclusiveLock);
+		FormIndexDatum(entry->info, slot, NULL, values, isnull);
+		(void) index_insert(index, values, isnull, &slot->tts_tid, heap,
+							entry->unique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
+							entry->unchanged, entry->info);
+		if (index != pkey)
+			index_close(index, NoLock);
+	}
+	ResetExprContext(econtext);
+}
+
+/*
+ * outbox_ack for a kept row, directly (see above): returns OUTBOX_ACK_DONE,
+ * OUTBOX_ACK_MISS when no row of "tenant" and "id" is leased with "token"
+ * (nothing written; the caller explains why), or OUTBOX_ACK_NO_DIRECT.
+ */
+static int
+outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
+				  bool ref_null)
+{
+	Relation	heap;
+	Relation	pkey;
+	TupleDesc	desc;
+	TupleTableSlot *oldslot;
+	TupleTableSlot *newslot;
+	Datum	   *values;
+	bool	   *nulls;
+	ScanKeyData skey[2];
+	CommandId	cid;
+	int			result = OUTBOX_ACK_MISS;
+
+	/* registers the relcache callback that clears outbox_direct */
+	(void) outbox_catalog();
+	if (outbox_direct.valid && !outbox_direct.usable)
+		return OUTBOX_ACK_NO_DIRECT;
+	if (!outbox_direct.valid)
+	{
+		Oid			nsp = get_namespace_oid("idempotency", false);
+
+		outbox_direct.relid = get_relname_relid("outbox", nsp);
+		if (!OidIsValid(outbox_direct.relid))
+			return OUTBOX_ACK_NO_DIRECT;
+	}
+	/* locking processes invalidations: check again once the table is ours */
+	heap = table_open(outbox_direct.relid, RowExclusiveLock);
+	if (!outbox_direct.valid)
+		(void) outbox_direct_check(heap);
+	if (!outbox_direct.usable)
+	{
+		table_close(heap, NoLock);
+		return OUTBOX_ACK_NO_DIRECT;
+	}
+	CheckCmdReplicaIdentity(heap, CMD_UPDATE);
+	desc = RelationGetDescr(heap);
+
+	pkey = index_open(outbox_direct.pkey, RowExclusiveLock);
+	if (pkey->rd_index->indnkeyatts != 2)
+		elog(ERROR, "idempotency.outbox has no primary key on (tenant_id, id)");
+	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   pkey->rd_indcollation[0], F_TEXTEQ, tenant);
+	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   InvalidOid, F_INT8EQ, Int64GetDatum(id));
+
+	oldslot = table_slot_create(heap, NULL);
+	newslot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
+	values = palloc(desc->natts * sizeof(Datum));
+	nulls = palloc(desc->natts * sizeof(bool));
+
+	for (;;)
+	{
+		Snapshot	snapshot;
+		IndexScanDesc scan;
+		bool		found;
+		bool		isnull;
+		Datum		cur;
+		ItemPointerData tid;
+		TM_Result	res;
+		TM_FailureData tmfd;
+		LockTupleMode lockmode;
+#if PG_VERSION_NUM >= 160000
+		TU_UpdateIndexes update_indexes;
+#else
+		bool		update_indexes;
+#endif
+
+		CommandCounterIncrement();
+		cid = GetCurrentCommandId(true);
+		snapshot = RegisterSnapshot(GetTransactionSnapshot());
+#if PG_VERSION_NUM >= 180000
+		scan = index_beginscan(heap, pkey, snapshot, NULL, 2, 0);
+#else
+		scan = index_beginscan(heap, pkey, snapshot, 2, 0);
+#endif
+		index_rescan(scan, skey, 2, NULL, 0);
+		found = index_getnext_slot(scan, ForwardScanDirection, oldslot);
+		index_endscan(scan);
+
+		/* the fence: leased, and by this token */
+		if (found)
+		{
+			cur = slot_getattr(oldslot, outbox_direct.status, &isnull);
+			found = !isnull && DatumGetObjectId(cur) == outbox_direct.leased;
+		}
+		if (found)
+		{
+			cur = slot_getattr(oldslot, outbox_direct.lease_token, &isnull);
+			found = !isnull &&
+				memcmp(DatumGetUUIDP(cur), DatumGetUUIDP(token),
+					   UUID_LEN) == 0;
+		}
+		if (!found)
+		{
+			UnregisterSnapshot(snapshot);
+			result = OUTBOX_ACK_MISS;
+			break;
+		}
+
+		slot_getallattrs(oldslot);
+		memcpy(values, oldslot->tts_values, desc->natts * sizeof(Datum));
+		memcpy(nulls, oldslot->tts_isnull, desc->natts * sizeof(bool));
+		values[outbox_direct.status - 1] = ObjectIdGetDatum(outbox_direct.done);
+		nulls[outbox_direct.status - 1] = false;
+		values[outbox_direct.done_at - 1] =
+			TimestampTzGetDatum(GetCurrentStatementStartTimestamp());
+		nulls[outbox_direct.done_at - 1] = false;
+		values[outbox_direct.provider_ref - 1] = ref;
+		nulls[outbox_direct.provider_ref - 1] = ref_null;
+		nulls[outbox_direct.lease_until - 1] = true;
+		ExecStoreHeapTuple(heap_form_tuple(desc, values, nulls), newslot, true);
+		tid = oldslot->tts_tid;
+		ExecClearTuple(oldslot);
+
+		res = table_tuple_update(heap, &tid, newslot, cid, snapshot,
+								 InvalidSnapshot, true, &tmfd, &lockmode,
+								 &update_indexes);
+		UnregisterSnapshot(snapshot);
+		if (res == TM_Ok)
+		{
+#if PG_VERSION_NUM >= 160000
+			if (update_indexes != TU_None)
+				outbox_direct_index(heap, pkey, newslot,
+									update_indexes == TU_Summarizing);
+#else
+			if (update_indexes)
+				outbox_direct_index(heap, pkey, newslot, false);
+#endif
+			result = OUTBOX_ACK_DONE;
+			break;
+		}
+		if (res == TM_Updated || res == TM_Deleted)
+		{
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent update")));
+			/* READ COMMITTED: the fence again, on what the other left */
+			continue;
+		}
+		if (res == TM_SelfModified && tmfd.cmax == cid)
+			ereport(ERROR,
+					(errcode(ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION),
+					 errmsg("tuple to be updated was already modified by an operation triggered by the current command")));
+		elog(ERROR, "unexpected result %d updating an outbox row", (int) res);
+	}
+
+	ExecDropSingleTupleTableSlot(oldslot);
+	ExecDropSingleTupleTableSlot(newslot);
+	index_close(pkey, NoLock);
+	table_close(heap, NoLock);
+	return result;
+}
+
+/*
  * outbox_ack(tenant text, id bigint, lease_token uuid, provider_ref text)
  *
  * Marks a row delivered: status done, done_at, provider_ref; with
@@ -1897,6 +2320,22 @@ idem_outbox_ack_body(FunctionCallInfo fcinfo)
 	values[2] = PG_GETARG_DATUM(2);
 	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
 	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
+
+	if (idem_outbox_retention != 0)
+	{
+		switch (outbox_ack_direct(values[0], id, values[2], values[3],
+								  PG_ARGISNULL(3)))
+		{
+			case OUTBOX_ACK_DONE:
+				PG_RETURN_VOID();
+			case OUTBOX_ACK_MISS:
+				idem_spi_connect();
+				outbox_explain_miss(tenant, id, "outbox_ack", false);
+				pg_unreachable();
+			default:
+				break;
+		}
+	}
 
 	idem_spi_connect();
 	if (idem_outbox_retention == 0)

@@ -1,0 +1,120 @@
+-- outbox_ack of a kept row updates it without the executor when the table
+-- is as the extension makes it; a trigger, or a CHECK constraint on a
+-- column the ack sets, sends it through the executor, which runs them
+-- (tenant obx_ap; removed at the end)
+
+CREATE FUNCTION pg_temp.outbox_error(q text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    st text; msg text; hint text;
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+                            hint = PG_EXCEPTION_HINT;
+    RETURN st || ': ' || msg || ' / hint: ' || hint;
+END $$;
+
+-- the rows through each index that should hold them, against the table
+CREATE FUNCTION pg_temp.index_counts() RETURNS TABLE (through text, n bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SET LOCAL enable_seqscan = off;
+    SET LOCAL enable_bitmapscan = off;
+    RETURN QUERY
+    SELECT 'outbox_done_idx', count(*) FROM idempotency.outbox
+     WHERE status = 'done' AND done_at > '-infinity' AND tenant_id || '' = 'obx_ap'
+    UNION ALL
+    SELECT 'a claim index', count(*) FROM idempotency.outbox
+     WHERE status IN ('pending', 'leased') AND available_at > '-infinity' AND tenant_id || '' = 'obx_ap'
+    UNION ALL
+    SELECT 'outbox_pkey', count(*) FROM idempotency.outbox
+     WHERE tenant_id = 'obx_ap' AND id > 0;
+    SET LOCAL enable_seqscan = on;
+    SET LOCAL enable_indexscan = off;
+    SET LOCAL enable_indexonlyscan = off;
+    RETURN QUERY
+    SELECT 'table, done', count(*) FROM idempotency.outbox
+     WHERE status = 'done' AND tenant_id = 'obx_ap';
+END $$;
+
+-- (the counts read the index they name, or one of the three claim indexes)
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM idempotency.outbox
+ WHERE status = 'done' AND done_at > '-infinity' AND tenant_id || '' = 'obx_ap';
+EXPLAIN (COSTS OFF) SELECT count(*) FROM idempotency.outbox
+ WHERE tenant_id = 'obx_ap' AND id > 0;
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+
+SELECT count(outbox_enqueue('obx_ap', 'obx.ap', jsonb_build_object('n', g)))
+  FROM generate_series(1, 5) g;
+CREATE TEMP TABLE lease AS
+SELECT tenant_id, id, lease_token, (payload->>'n')::int AS n
+  FROM outbox_claim('w', 5, '1 minute', tenant => 'obx_ap');
+
+-- the table as made: acked, the update counted, the indexes follow
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_upd AS upd_before FROM pg_stat_user_tables
+ WHERE relid = 'idempotency.outbox'::regclass \gset
+SELECT outbox_ack(tenant_id, id, lease_token, 'ref-1') FROM lease WHERE n = 1;
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_upd - :upd_before AS updates FROM pg_stat_user_tables
+ WHERE relid = 'idempotency.outbox'::regclass;
+SELECT * FROM pg_temp.index_counts();
+
+-- a trigger on the table: the ack runs it
+CREATE FUNCTION public.regress_obx_ap_note() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE NOTICE 'trigger: % -> %, ref %', OLD.status, NEW.status, NEW.provider_ref;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER regress_obx_ap_note AFTER UPDATE ON idempotency.outbox
+    FOR EACH ROW WHEN (NEW.tenant_id = 'obx_ap')
+    EXECUTE FUNCTION public.regress_obx_ap_note();
+SELECT outbox_ack(tenant_id, id, lease_token, 'ref-2') FROM lease WHERE n = 2;
+DROP TRIGGER regress_obx_ap_note ON idempotency.outbox;
+DROP FUNCTION public.regress_obx_ap_note();
+
+-- a CHECK constraint on a column the ack sets: checked, nothing written
+ALTER TABLE idempotency.outbox ADD CONSTRAINT regress_obx_ap_ref
+    CHECK (provider_ref IS DISTINCT FROM 'forbidden') NOT VALID;
+SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, lease_token, 'forbidden') FROM lease WHERE n = 3$$);
+SELECT status, provider_ref FROM idempotency.outbox o JOIN lease l USING (tenant_id, id) WHERE l.n = 3;
+ALTER TABLE idempotency.outbox DROP CONSTRAINT regress_obx_ap_ref;
+
+-- dropped again: the ack updates directly as before
+SELECT outbox_ack(tenant_id, id, lease_token, 'ref-3'), statement_timestamp() AS ack3_at
+  FROM lease WHERE n = 3 \gset
+SELECT outbox_ack(tenant_id, id, lease_token) FROM lease WHERE n = 4;
+
+-- the fence: a wrong token, a row already done, an unknown row; nothing
+-- written
+SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, gen_random_uuid()) FROM lease WHERE n = 5$$);
+SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, lease_token) FROM lease WHERE n = 4$$);
+SELECT pg_temp.outbox_error($$SELECT outbox_ack('obx_ap', -1, gen_random_uuid())$$);
+-- and in a transaction that updated the row before (its extend): the ack
+-- sees that version
+BEGIN;
+SELECT outbox_extend(tenant_id, id, lease_token, '5 minutes') > now() AS extended FROM lease WHERE n = 5;
+SELECT outbox_ack(tenant_id, id, lease_token, 'ref-5') FROM lease WHERE n = 5;
+COMMIT;
+
+SELECT l.n, o.status, o.provider_ref, o.lease_until IS NULL AS lease_cleared,
+       CASE WHEN l.n = 3 THEN o.done_at = :'ack3_at' END AS done_at_is_ack_time
+  FROM idempotency.outbox o JOIN lease l USING (tenant_id, id) ORDER BY l.n;
+SELECT * FROM pg_temp.index_counts();
+
+-- a deduplicated row: acked, it stays in outbox_dedup_idx, so the same
+-- dedup_key still returns its id and inserts nothing
+SELECT outbox_enqueue('obx_ap', 'obx.ap', '{"n": 6}', dedup_key => 'ap-6') AS id6 \gset
+SELECT outbox_ack(tenant_id, id, lease_token, 'ref-6')
+  FROM outbox_claim('w', 1, '1 minute', tenant => 'obx_ap');
+SELECT outbox_enqueue('obx_ap', 'obx.ap', '{"n": 6}', dedup_key => 'ap-6') = :id6 AS same_id;
+SELECT count(*) AS rows_with_key FROM idempotency.outbox
+ WHERE tenant_id = 'obx_ap' AND dedup_key = 'ap-6';
+
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_ap';
