@@ -55,6 +55,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/index.h"
 #include "catalog/pg_am_d.h"
 #include "catalog/pg_enum.h"
@@ -1933,9 +1934,10 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
  * failure the UPDATE would raise.
  *
  * Only for the table as the extension creates it: no trigger, row
- * security, partition or Citus, no exclusion or deferred constraint, and
- * no CHECK constraint on a column the ack changes (the ack leaves the
- * others as they are, so theirs still hold).  Anything else, and
+ * security, partition or Citus, only B-tree indexes on columns, no
+ * exclusion or deferred constraint, and no CHECK constraint on a column
+ * the ack changes (the ack leaves the others as they are, so theirs still
+ * hold); and only in a transaction that may write.  Anything else, and
  * outbox_retention = 0 (the ack deletes), goes through the SPI statement.
  */
 #define OUTBOX_ACK_NO_DIRECT 0		/* use the SPI statement */
@@ -2147,6 +2149,12 @@ outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
 	CommandId	cid;
 	int			result = OUTBOX_ACK_MISS;
 
+	/*
+	 * A read-only transaction (and a standby's) gets the executor's error:
+	 * the table AM does not check.
+	 */
+	if (XactReadOnly || RecoveryInProgress())
+		return OUTBOX_ACK_NO_DIRECT;
 	/* registers the relcache callback that clears outbox_direct */
 	(void) outbox_catalog();
 	if (outbox_direct.valid && !outbox_direct.usable)

@@ -96,6 +96,10 @@ SELECT outbox_ack(tenant_id, id, lease_token) FROM lease WHERE n = 4;
 SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, gen_random_uuid()) FROM lease WHERE n = 5$$);
 SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, lease_token) FROM lease WHERE n = 4$$);
 SELECT pg_temp.outbox_error($$SELECT outbox_ack('obx_ap', -1, gen_random_uuid())$$);
+-- a read-only transaction is refused as an UPDATE is, nothing written
+BEGIN READ ONLY;
+SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, lease_token) FROM lease WHERE n = 5$$);
+ROLLBACK;
 -- and in a transaction that updated the row before (its extend): the ack
 -- sees that version
 BEGIN;
