@@ -139,6 +139,9 @@ extern struct _SPI_plan *idem_saved_plan(struct _SPI_plan **cache,
 struct pg_uuid_t;
 extern void idem_new_token(struct pg_uuid_t *token);
 
+/* keys.c: the OID of an enum value of the extension's types */
+extern Oid	idem_enum_label_oid(Oid typid, const char *label);
+
 /* ----------------------------------------------------------------
  * keys.c: what the coverage guard (guard.c) asks
  * ----------------------------------------------------------------

@@ -412,8 +412,9 @@ keys_relcache_callback(Datum arg, Oid relid)
 	}
 }
 
-static Oid
-keys_enum_label_oid(Oid typid, const char *label)
+/* The OID of enum value "label" of type "typid" (the outbox's too). */
+Oid
+idem_enum_label_oid(Oid typid, const char *label)
 {
 	Oid			oid;
 
@@ -524,10 +525,10 @@ keys_ensure_cache(void)
 				GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
 								ObjectIdGetDatum(typid),
 								CStringGetDatum(outcome_labels[i])) :
-				keys_enum_label_oid(typid, outcome_labels[i]);
+				idem_enum_label_oid(typid, outcome_labels[i]);
 		typid = keys_type_oid(nsp, "status");
 		for (i = 0; i < STATUS_COUNT; i++)
-			status_oids[i] = keys_enum_label_oid(typid, status_labels[i]);
+			status_oids[i] = idem_enum_label_oid(typid, status_labels[i]);
 
 		typid = keys_type_oid(nsp, "reservation");
 		reservation_relid = get_typ_typrelid(typid);

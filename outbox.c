@@ -71,7 +71,6 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
-#include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
 #include "replication/message.h"
 #include "utils/acl.h"
@@ -2008,16 +2007,8 @@ outbox_direct_check(Relation heap)
 		changed = bms_add_member(changed, outbox_direct.lease_until);
 
 		status_type = TupleDescAttr(desc, outbox_direct.status - 1)->atttypid;
-		outbox_direct.leased =
-			GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
-							ObjectIdGetDatum(status_type),
-							CStringGetDatum("leased"));
-		outbox_direct.done =
-			GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
-							ObjectIdGetDatum(status_type),
-							CStringGetDatum("done"));
-		usable = OidIsValid(outbox_direct.leased) &&
-			OidIsValid(outbox_direct.done);
+		outbox_direct.leased = idem_enum_label_oid(status_type, "leased");
+		outbox_direct.done = idem_enum_label_oid(status_type, "done");
 	}
 
 	/* a CHECK constraint on a column the ack changes: the executor checks */
