@@ -5,6 +5,8 @@
 #   new request: BEGIN; reserve; INSERT order; INSERT event; complete; COMMIT
 #   new_exec:    the same as one statement: idem_execute with a handler that
 #                writes the order and the event
+#   new_handler: that handler called alone in one statement, without
+#                idempotency (the most one statement can reach)
 #   new_rated:   new request in a scope with a rate of new keys and a quota
 #                of live keys per tenant (never reached: the cost of the
 #                checks)
@@ -42,8 +44,8 @@ tps() {
 }
 
 declare -A tps_of
-variants="new_ext new_exec new_plpgsql new_sql new_none new_floor replay_ext replay_plpgsql replay_sql replay_pk
-          new_ext_async new_rated_async new_exec_async new_plpgsql_async new_sql_async new_none_async"
+variants="new_ext new_exec new_handler new_plpgsql new_sql new_none new_floor replay_ext replay_plpgsql replay_sql replay_pk
+          new_ext_async new_rated_async new_exec_async new_handler_async new_plpgsql_async new_sql_async new_none_async"
 reversed=$(echo $variants | tr ' ' '\n' | tac | tr '\n' ' ')
 for round in 1 2; do
     # the second round runs in reverse order, so that no variant always
@@ -84,6 +86,10 @@ compare "new request vs naive PL/pgSQL (durable commits):" new_ext new_plpgsql "
 compare "new request vs bare SQL (durable commits):" new_ext new_sql ">= 1.0"
 compare "idem_execute, one statement, vs naive PL/pgSQL (durable):" new_exec new_plpgsql ">= 2.0"
 compare "idem_execute, one statement, vs six statements (durable):" new_exec new_ext
+# the handler alone in one statement / naive PL/pgSQL is the most a
+# one-statement request could reach against the naive flow on this machine
+compare "ceiling: the handler alone, one statement, vs naive (durable):" new_handler new_plpgsql
+compare "idem_execute vs the handler alone (durable):" new_exec new_handler
 compare "new request vs no idempotency (durable commits):" new_ext new_none
 # "floor": the business transaction plus two trivial statements in place of
 # reserve and complete, i.e. the same six round trips with free idempotency.
@@ -97,6 +103,8 @@ compare "new request vs no idempotency (synchronous_commit off):" new_ext_async 
 compare "new request, scope with a rate and a quota, vs without (async):" new_rated_async new_ext_async ">= 0.95"
 compare "idem_execute vs naive PL/pgSQL (synchronous_commit off):" new_exec_async new_plpgsql_async ">= 2.0"
 compare "idem_execute vs six statements (synchronous_commit off):" new_exec_async new_ext_async
+compare "ceiling: the handler alone vs naive (synchronous_commit off):" new_handler_async new_plpgsql_async
+compare "idem_execute vs the handler alone (synchronous_commit off):" new_exec_async new_handler_async
 compare "replay vs naive PL/pgSQL:" replay_ext replay_plpgsql ">= 1.5"
 compare "replay vs bare SQL:" replay_ext replay_sql
 compare "replay vs one SELECT of the row by primary key:" replay_ext replay_pk ">= 0.95"
