@@ -173,9 +173,62 @@ SELECT pg_catalog.pg_extension_config_dump('idempotency.tenant_bindings', '');
 
 /* ---- Nothing planted in another schema runs: everything qualified ---- */
 
-CREATE OR REPLACE PROCEDURE @extschema@.idem_maintain(time_budget interval DEFAULT '50 seconds',
-                               batch_size int DEFAULT 1000,
-                               batch_pause interval DEFAULT '100 milliseconds')
+/*
+ * What maintenance runs lives in schema idempotency, which the extension
+ * creates and its owner owns: idempotency.maintain, the procedure the
+ * pg_cron job calls (as the job's owner, a superuser), and the functions
+ * it calls.  The extension's own schema is not safe to name there: a
+ * database owner may rename it (on PostgreSQL 15, public belongs to
+ * pg_database_owner) and create another schema of the same name, where a
+ * name written into a procedure body or a job's command would find the
+ * owner's objects.  No one but the extension's owner can rename schema
+ * idempotency or create in it.  These four are idem_reap, idem_sweep,
+ * idem_reclaim_leases and idem_purge_outbox under names in that schema,
+ * granted to the same role.
+ */
+CREATE FUNCTION idempotency.reap(batch_size int)
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_reap'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+CREATE FUNCTION idempotency.sweep(older_than interval)
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_sweep'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+CREATE FUNCTION idempotency.reclaim_leases()
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_reclaim_leases'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+CREATE FUNCTION idempotency.purge_outbox(batch_size int)
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_purge_outbox'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION idempotency.reap(int), idempotency.sweep(interval),
+    idempotency.reclaim_leases(), idempotency.purge_outbox(int) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.reap(int), idempotency.sweep(interval),
+    idempotency.reclaim_leases(), idempotency.purge_outbox(int) TO idempotency_admin;
+
+/*
+ * idempotency.maintain (what idem_maintain runs) is a procedure so it can
+ * COMMIT between batches: every batch is its own short transaction, and
+ * its row locks are released at once.  PostgreSQL does not allow
+ * transaction control in a SECURITY DEFINER procedure, or in one with a
+ * SET clause, so this one runs with the caller's rights and relies on the
+ * SECURITY DEFINER functions above (which the caller must be allowed to
+ * execute) and on naming everything schema-qualified.  Call it as a
+ * statement of its own, not inside BEGIN.
+ *
+ * The defaults are gentle on purpose: small batches with a rest between
+ * them leave CPU and WAL bandwidth to the requests while a backlog is
+ * worked off, and still reap several hundred thousand keys per 50-second
+ * run.
+ */
+CREATE PROCEDURE idempotency.maintain(time_budget interval DEFAULT '50 seconds',
+                                      batch_size int DEFAULT 1000,
+                                      batch_pause interval DEFAULT '100 milliseconds')
     LANGUAGE plpgsql
     AS $$
 -- Runs with the caller's search_path (a procedure that commits can have no
@@ -228,13 +281,13 @@ BEGIN
     COMMIT;
 
     -- first what is urgent and small: stuck reservations and lost leases
-    swept := @extschema@.idem_sweep(NULL::pg_catalog.interval);
-    reclaimed := @extschema@.idem_reclaim_leases();
+    swept := idempotency.sweep(NULL::pg_catalog.interval);
+    reclaimed := idempotency.reclaim_leases();
     COMMIT;
 
     LOOP
         started := pg_catalog.clock_timestamp();
-        n := @extschema@.idem_reap(batch_size);
+        n := idempotency.reap(batch_size);
         reaped := reaped OPERATOR(pg_catalog.+) n;
         COMMIT;
         EXIT WHEN n OPERATOR(pg_catalog.<) batch_size
@@ -254,7 +307,7 @@ BEGIN
     END LOOP;
 
     WHILE pg_catalog.clock_timestamp() OPERATOR(pg_catalog.<) deadline LOOP
-        n := @extschema@.idem_purge_outbox(batch_size);
+        n := idempotency.purge_outbox(batch_size);
         purged := purged OPERATOR(pg_catalog.+) n;
         COMMIT;
         EXIT WHEN n OPERATOR(pg_catalog.<) batch_size;
@@ -266,6 +319,21 @@ BEGIN
 
     RAISE DEBUG 'idem_maintain: swept %, reclaimed %, reaped %, purged %',
         swept, reclaimed, reaped, purged;
+END
+$$;
+COMMENT ON PROCEDURE idempotency.maintain(interval, int, interval) IS
+    'what idem_maintain and the scheduled maintenance job run';
+REVOKE ALL ON PROCEDURE idempotency.maintain(interval, int, interval) FROM PUBLIC;
+GRANT EXECUTE ON PROCEDURE idempotency.maintain(interval, int, interval) TO idempotency_admin;
+
+/* the procedure users call: idempotency.maintain, named in its schema */
+CREATE OR REPLACE PROCEDURE @extschema@.idem_maintain(time_budget interval DEFAULT '50 seconds',
+                               batch_size int DEFAULT 1000,
+                               batch_pause interval DEFAULT '100 milliseconds')
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    CALL idempotency.maintain(time_budget, batch_size, batch_pause);
 END
 $$;
 
@@ -387,6 +455,17 @@ COMMENT ON FUNCTION @extschema@.idem_complete(text, text, text, int, jsonb, json
 REVOKE ALL ON FUNCTION @extschema@.idem_complete(text, text, text, int, jsonb, jsonb, uuid, bool) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.idem_complete(text, text, text, int, jsonb, jsonb, uuid, bool)
     TO idempotency_app;
+
+/*
+ * The fingerprint function under a name in schema idempotency, for
+ * idem_configure_scope, which runs as the extension owner and so never
+ * names the extension's own schema (see idempotency.maintain below).
+ */
+CREATE FUNCTION idempotency.fingerprint(request jsonb, ignore text[])
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'idem_fingerprint'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+REVOKE ALL ON FUNCTION idempotency.fingerprint(jsonb, text[]) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION @extschema@.idem_configure_scope(scope text, options jsonb)
 RETURNS idempotency.scopes
@@ -531,7 +610,7 @@ BEGIN
         -- the fingerprint module's own checks of the pointers, before the
         -- write, raised as a wrong option value like every other
         BEGIN
-            PERFORM @extschema@.idem_fingerprint('{}'::jsonb, p_ignore);
+            PERFORM idempotency.fingerprint('{}'::jsonb, p_ignore);
         EXCEPTION WHEN invalid_text_representation OR invalid_parameter_value THEN
             GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL,
                                     hnt = PG_EXCEPTION_HINT;

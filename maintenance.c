@@ -579,23 +579,16 @@ maint_cron_job_name(void)
 }
 
 /*
- * The job's command, palloc'd: CALL <extension schema>.idem_maintain with
- * every argument given and typed, so that the call resolves to the
- * extension's procedure whatever the job owner's search_path, and no
- * same-named routine created in a schema on that path can be picked
- * instead.  The calling function lives in the extension's schema, like
- * idem_maintain.
+ * The job's command: CALL idempotency.maintain with every argument given
+ * and typed.  It names schema idempotency, which only the extension's
+ * owner can rename or create in, never the extension's own schema: a
+ * database owner may rename that one and create another of its name, and
+ * the job, which runs as a superuser, would then call what they put there
+ * (see install/40_maintenance.sql).
  */
-static char *
-maint_job_command(FunctionCallInfo fcinfo)
-{
-	Oid			nspid = get_func_namespace(fcinfo->flinfo->fn_oid);
-	char	   *nspname = get_namespace_name(nspid);
-
-	return psprintf("CALL %s.idem_maintain('50 seconds'::pg_catalog.interval,"
-					" 1000::pg_catalog.int4, '100 milliseconds'::pg_catalog.interval)",
-					quote_identifier(nspname));
-}
+#define MAINT_JOB_COMMAND \
+	"CALL idempotency.maintain('50 seconds'::pg_catalog.interval," \
+	" 1000::pg_catalog.int4, '100 milliseconds'::pg_catalog.interval)"
 
 /*
  * maint_require_pg_cron
@@ -644,7 +637,7 @@ maint_require_pg_cron(const char *sql_there)
  *			 RETURNS bigint
  *
  * Registers, or updates, the pg_cron job "idempotency-maintenance-<db>"
- * that runs CALL <schema>.idem_maintain() in this database, as the
+ * that runs CALL idempotency.maintain() in this database, as the
  * extension owner.  Returns the job id.  Without pg_cron in this database,
  * raises 55000 with the cron.schedule_in_database call to run in pg_cron's
  * database.  Writes: one row of cron.job.
@@ -656,7 +649,7 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 	Datum		values[4];
 	char	   *schedule;
 	char	   *jobname;
-	char	   *command;
+	const char *command;
 	char	   *dbname;
 	volatile int ret = 0;
 	bool		isnull;
@@ -671,7 +664,7 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 
 	schedule = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	jobname = maint_cron_job_name();
-	command = maint_job_command(fcinfo);
+	command = MAINT_JOB_COMMAND;
 	dbname = get_database_name(MyDatabaseId);
 
 	maint_require_pg_cron(psprintf("SELECT cron.schedule_in_database(%s, %s, %s, %s);",

@@ -20,3 +20,14 @@ LANGUAGE C IMMUTABLE PARALLEL SAFE;
 
 COMMENT ON FUNCTION idem_fingerprint(jsonb, text[]) IS
 'SHA-256 of idem_canonical(request, ignore): the request fingerprint idem_reserve compares';
+
+/*
+ * The same function under a name in schema idempotency, for
+ * idem_configure_scope, which runs as the extension owner and so never
+ * names the extension's own schema (see install/40_maintenance.sql).
+ */
+CREATE FUNCTION idempotency.fingerprint(request jsonb, ignore text[])
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'idem_fingerprint'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+REVOKE ALL ON FUNCTION idempotency.fingerprint(jsonb, text[]) FROM PUBLIC;

@@ -339,7 +339,7 @@ BEGIN
         -- the fingerprint module's own checks of the pointers, before the
         -- write, raised as a wrong option value like every other
         BEGIN
-            PERFORM @extschema@.idem_fingerprint('{}'::jsonb, p_ignore);
+            PERFORM idempotency.fingerprint('{}'::jsonb, p_ignore);
         EXCEPTION WHEN invalid_text_representation OR invalid_parameter_value THEN
             GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL,
                                     hnt = PG_EXCEPTION_HINT;

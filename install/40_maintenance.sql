@@ -88,22 +88,61 @@ COMMENT ON FUNCTION idem_purge_outbox(int) IS
     'delete one batch of delivered outbox rows older than idempotency.outbox_retention';
 
 /*
- * idem_maintain is a procedure so it can COMMIT between batches: every
- * batch is its own short transaction, and its row locks are released at
- * once.  PostgreSQL does not allow transaction control in a SECURITY
- * DEFINER procedure, or in one with a SET clause, so this one runs with the
- * caller's rights and relies on the SECURITY DEFINER functions above (which
- * the caller must be allowed to execute) and on naming everything
- * schema-qualified.  Call it as a statement of its own, not inside BEGIN.
+ * What maintenance runs lives in schema idempotency, which the extension
+ * creates and its owner owns: idempotency.maintain, the procedure the
+ * pg_cron job calls (as the job's owner, a superuser), and the functions
+ * it calls.  The extension's own schema is not safe to name there: a
+ * database owner may rename it (on PostgreSQL 15, public belongs to
+ * pg_database_owner) and create another schema of the same name, where a
+ * name written into a procedure body or a job's command would find the
+ * owner's objects.  No one but the extension's owner can rename schema
+ * idempotency or create in it.  These four are idem_reap, idem_sweep,
+ * idem_reclaim_leases and idem_purge_outbox under names in that schema,
+ * granted to the same role.
+ */
+CREATE FUNCTION idempotency.reap(batch_size int)
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_reap'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+CREATE FUNCTION idempotency.sweep(older_than interval)
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_sweep'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+CREATE FUNCTION idempotency.reclaim_leases()
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_reclaim_leases'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+CREATE FUNCTION idempotency.purge_outbox(batch_size int)
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'idem_purge_outbox'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION idempotency.reap(int), idempotency.sweep(interval),
+    idempotency.reclaim_leases(), idempotency.purge_outbox(int) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.reap(int), idempotency.sweep(interval),
+    idempotency.reclaim_leases(), idempotency.purge_outbox(int) TO idempotency_admin;
+
+/*
+ * idempotency.maintain (what idem_maintain runs) is a procedure so it can
+ * COMMIT between batches: every batch is its own short transaction, and
+ * its row locks are released at once.  PostgreSQL does not allow
+ * transaction control in a SECURITY DEFINER procedure, or in one with a
+ * SET clause, so this one runs with the caller's rights and relies on the
+ * SECURITY DEFINER functions above (which the caller must be allowed to
+ * execute) and on naming everything schema-qualified.  Call it as a
+ * statement of its own, not inside BEGIN.
  *
  * The defaults are gentle on purpose: small batches with a rest between
  * them leave CPU and WAL bandwidth to the requests while a backlog is
  * worked off, and still reap several hundred thousand keys per 50-second
  * run.
  */
-CREATE PROCEDURE idem_maintain(time_budget interval DEFAULT '50 seconds',
-                               batch_size int DEFAULT 1000,
-                               batch_pause interval DEFAULT '100 milliseconds')
+CREATE PROCEDURE idempotency.maintain(time_budget interval DEFAULT '50 seconds',
+                                      batch_size int DEFAULT 1000,
+                                      batch_pause interval DEFAULT '100 milliseconds')
     LANGUAGE plpgsql
     AS $$
 -- Runs with the caller's search_path (a procedure that commits can have no
@@ -156,13 +195,13 @@ BEGIN
     COMMIT;
 
     -- first what is urgent and small: stuck reservations and lost leases
-    swept := @extschema@.idem_sweep(NULL::pg_catalog.interval);
-    reclaimed := @extschema@.idem_reclaim_leases();
+    swept := idempotency.sweep(NULL::pg_catalog.interval);
+    reclaimed := idempotency.reclaim_leases();
     COMMIT;
 
     LOOP
         started := pg_catalog.clock_timestamp();
-        n := @extschema@.idem_reap(batch_size);
+        n := idempotency.reap(batch_size);
         reaped := reaped OPERATOR(pg_catalog.+) n;
         COMMIT;
         EXIT WHEN n OPERATOR(pg_catalog.<) batch_size
@@ -182,7 +221,7 @@ BEGIN
     END LOOP;
 
     WHILE pg_catalog.clock_timestamp() OPERATOR(pg_catalog.<) deadline LOOP
-        n := @extschema@.idem_purge_outbox(batch_size);
+        n := idempotency.purge_outbox(batch_size);
         purged := purged OPERATOR(pg_catalog.+) n;
         COMMIT;
         EXIT WHEN n OPERATOR(pg_catalog.<) batch_size;
@@ -194,6 +233,21 @@ BEGIN
 
     RAISE DEBUG 'idem_maintain: swept %, reclaimed %, reaped %, purged %',
         swept, reclaimed, reaped, purged;
+END
+$$;
+COMMENT ON PROCEDURE idempotency.maintain(interval, int, interval) IS
+    'what idem_maintain and the scheduled maintenance job run';
+REVOKE ALL ON PROCEDURE idempotency.maintain(interval, int, interval) FROM PUBLIC;
+GRANT EXECUTE ON PROCEDURE idempotency.maintain(interval, int, interval) TO idempotency_admin;
+
+/* the procedure users call: idempotency.maintain, named in its schema */
+CREATE PROCEDURE idem_maintain(time_budget interval DEFAULT '50 seconds',
+                               batch_size int DEFAULT 1000,
+                               batch_pause interval DEFAULT '100 milliseconds')
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    CALL idempotency.maintain(time_budget, batch_size, batch_pause);
 END
 $$;
 COMMENT ON PROCEDURE idem_maintain(interval, int, interval) IS

@@ -167,5 +167,59 @@ SELECT count(*) > 0 FROM cron.job_run_details d JOIN cron.job j USING (jobid)
 		'0', 'maintenance run by pg_cron runs nothing planted');
 }
 
+# A database owner renames the extension's schema and creates another of
+# its name (PostgreSQL 15 gives public to the database owner), with objects
+# named like the extension's.  Neither what runs as the extension owner
+# (idem_configure_scope) nor the scheduled job's command, run as a
+# superuser as pg_cron runs it, nor a DBA's idem_maintain calls them.
+$node->safe_psql('postgres', q{
+CREATE ROLE shop_owner LOGIN;
+CREATE DATABASE owned OWNER shop_owner;
+GRANT idempotency_admin TO shop_owner;
+});
+$node->safe_psql('owned', 'CREATE EXTENSION idempotency');
+my @as_owner = (extra_params => [ '-U', 'shop_owner' ]);
+$node->safe_psql('owned', q{
+ALTER SCHEMA public RENAME TO public_orig;
+CREATE SCHEMA public;
+CREATE TABLE public.planted_calls (what text, who name);
+GRANT INSERT ON public.planted_calls TO PUBLIC;
+CREATE FUNCTION public.planted(what text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.planted_calls VALUES (what, current_user);
+    IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+        EXECUTE 'ALTER ROLE shop_owner SUPERUSER';
+    END IF;
+END $$;
+CREATE FUNCTION public.idem_sweep(interval) RETURNS bigint LANGUAGE plpgsql
+    AS $$ BEGIN PERFORM public.planted('idem_sweep'); RETURN 0; END $$;
+CREATE FUNCTION public.idem_reclaim_leases() RETURNS bigint LANGUAGE plpgsql
+    AS $$ BEGIN PERFORM public.planted('idem_reclaim_leases'); RETURN 0; END $$;
+CREATE FUNCTION public.idem_reap(int) RETURNS bigint LANGUAGE plpgsql
+    AS $$ BEGIN PERFORM public.planted('idem_reap'); RETURN 0; END $$;
+CREATE FUNCTION public.idem_purge_outbox(int) RETURNS bigint LANGUAGE plpgsql
+    AS $$ BEGIN PERFORM public.planted('idem_purge_outbox'); RETURN 0; END $$;
+CREATE FUNCTION public.idem_fingerprint(jsonb, text[]) RETURNS bytea LANGUAGE plpgsql
+    AS $$ BEGIN PERFORM public.planted('idem_fingerprint'); RETURN NULL; END $$;
+CREATE PROCEDURE public.idem_maintain(interval, int, interval) LANGUAGE plpgsql
+    AS $$ BEGIN PERFORM public.planted('idem_maintain'); END $$;
+SELECT public_orig.idem_configure_scope('pay', '{"fingerprint_ignore": ["/trace"]}');
+}, @as_owner);
+my ($sret, $sout, $serr) =
+  $node->psql('owned', 'SELECT public_orig.idem_schedule_maintenance()');
+my ($job) = $serr =~
+  /schedule_in_database\('(?:[^']|'')*', '(?:[^']|'')*', '((?:[^']|'')*)'/;
+ok(defined $job, 'the hint gives the job\'s command') or diag($serr);
+$job =~ s/''/'/g if defined $job;
+$node->safe_psql('owned', $job // 'SELECT');
+$node->safe_psql('owned',
+	q{CALL public_orig.idem_maintain('1 second', 10, '1 millisecond')});
+is( $node->safe_psql(
+		'owned',
+		q{SELECT count(*) || ' ' || (SELECT rolsuper FROM pg_roles WHERE rolname = 'shop_owner')
+		    FROM public.planted_calls}),
+	'0 false',
+	'with the extension\'s schema renamed and replaced, nothing planted runs and the owner stays unprivileged');
+
 $node->stop;
 done_testing();

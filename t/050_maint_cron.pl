@@ -54,7 +54,7 @@ $node->safe_psql($_, $rows) for qw(postgres shop);
 # the job's command names the procedure and types every argument: it does
 # not depend on the job owner's search_path
 my $maintain_call =
-  "CALL public.idem_maintain('50 seconds'::pg_catalog.interval, 1000::pg_catalog.int4, '100 milliseconds'::pg_catalog.interval)";
+  "CALL idempotency.maintain('50 seconds'::pg_catalog.interval, 1000::pg_catalog.int4, '100 milliseconds'::pg_catalog.interval)";
 my $jobid = $node->safe_psql('postgres', 'SELECT idem_schedule_maintenance()');
 like($jobid, qr/^\d+$/, 'job scheduled in the pg_cron database');
 is( $node->safe_psql(

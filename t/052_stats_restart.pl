@@ -216,7 +216,7 @@ like($err, qr/HINT:  Add idempotency to shared_preload_libraries/,
 like($err, qr/ERROR:  pg_cron is not loaded on this server/,
 	'scheduling without pg_cron loaded: error');
 like($err,
-	qr/HINT:  Add pg_cron to shared_preload_libraries, .* and there run: SELECT cron.schedule_in_database\('idempotency-maintenance-postgres', '\* \* \* \* \*', 'CALL public.idem_maintain\(''50 seconds''::pg_catalog.interval, 1000::pg_catalog.int4, ''100 milliseconds''::pg_catalog.interval\)', 'postgres'\);/,
+	qr/HINT:  Add pg_cron to shared_preload_libraries, .* and there run: SELECT cron.schedule_in_database\('idempotency-maintenance-postgres', '\* \* \* \* \*', 'CALL idempotency.maintain\(''50 seconds''::pg_catalog.interval, 1000::pg_catalog.int4, ''100 milliseconds''::pg_catalog.interval\)', 'postgres'\);/,
 	'scheduling without pg_cron loaded: the hint says how');
 $node = $plain;
 reap_for_tenants('postgres', 'p', 1);

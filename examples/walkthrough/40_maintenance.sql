@@ -57,7 +57,7 @@ SELECT idem_schedule_maintenance();
 \echo '== So, in database postgres, as the hint says (as the superuser who installed pg_cron):'
 \c postgres
 SELECT cron.schedule_in_database('idempotency-maintenance-demo', '* * * * *',
-                                 'CALL public.idem_maintain()', 'demo') > 0 AS scheduled;
+                                 'CALL idempotency.maintain()', 'demo') > 0 AS scheduled;
 SELECT jobname, schedule, command, database FROM cron.job
  WHERE jobname = 'idempotency-maintenance-demo';
 \echo '== (in the pg_cron database itself, SELECT idem_schedule_maintenance() does this in one call)'
