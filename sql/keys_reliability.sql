@@ -220,5 +220,22 @@ SELECT idem_key, status, needs_reconciliation FROM idem_lookup('kr_a', 'kr_wfail
 SELECT count(*) AS w5_rows FROM idem_lookup('kr_a', 'kr_wfail', 'w-5');
 SELECT outcome, response_code FROM idem_reserve('kr_a', 'kr_wfail', 'w-4', fingerprint => sha256('w'));
 
+-- a transaction made read-only after its reservation: completing,
+-- checkpointing or releasing that reservation writes, so each is 25006,
+-- although the row is not in the table yet; the reservation itself, made
+-- before READ ONLY, is written at commit, as a row inserted before it is
+BEGIN;
+SELECT outcome FROM idem_reserve('kr_a', 'kr_ro', 'ro-1', fingerprint => sha256('r'));
+SET TRANSACTION READ ONLY;
+SAVEPOINT s;
+SELECT idem_complete('kr_a', 'kr_ro', 'ro-1', 201, '{"id": 1}');
+ROLLBACK TO s;
+SELECT idem_checkpoint('kr_a', 'kr_ro', 'ro-1', 'charged');
+ROLLBACK TO s;
+SELECT idem_release('kr_a', 'kr_ro', 'ro-1');
+ROLLBACK TO s;
+COMMIT;
+SELECT status, recovery_point, response_code FROM idem_lookup('kr_a', 'kr_ro', 'ro-1');
+
 DELETE FROM idempotency.keys WHERE tenant_id = 'kr_a';
 DELETE FROM idempotency.scopes WHERE scope LIKE 'kr\_%';
