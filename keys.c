@@ -299,6 +299,15 @@ typedef struct HeldKey
 	TimestampTz locked_at;
 	TimestampTz expires_at;
 	Oid			owner;			/* the role that writes it: the functions' */
+
+	/*
+	 * The transaction gave the reservation up (released it, or completed
+	 * it with a code that releases): the guard no longer counts it.
+	 * released_subid is the subtransaction that did; if it aborts, the
+	 * reservation is held again.
+	 */
+	bool		released;
+	SubTransactionId released_subid;
 } HeldKey;
 
 static HTAB *held_keys = NULL;
@@ -704,6 +713,7 @@ keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
 
 static void held_flush_all(void);
 static bool held_flush_key(KeyIdent *id);
+static HeldKey *held_find(KeyIdent *id);
 
 static void
 held_xact_callback(XactEvent event, void *arg)
@@ -749,12 +759,21 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	{
 		if (entry->subid >= mySubid)
 			(void) hash_search(held_keys, &entry->hash, HASH_REMOVE, NULL);
-		else if (entry->fingerprint != NULL && !entry->pending &&
-				 entry->consumed_subid >= mySubid)
+		else
 		{
-			/* the write (or the release) of the pending row is undone */
-			entry->pending = true;
-			entry->consumed_subid = InvalidSubTransactionId;
+			if (entry->fingerprint != NULL && !entry->pending &&
+				entry->consumed_subid >= mySubid)
+			{
+				/* the write (or the release) of the pending row is undone */
+				entry->pending = true;
+				entry->consumed_subid = InvalidSubTransactionId;
+			}
+			if (entry->released && entry->released_subid >= mySubid)
+			{
+				/* so is giving the reservation up */
+				entry->released = false;
+				entry->released_subid = InvalidSubTransactionId;
+			}
 		}
 	}
 }
@@ -796,6 +815,8 @@ held_enter(KeyIdent *id, bool *found)
 		entry->consumed_subid = InvalidSubTransactionId;
 		entry->fingerprint = NULL;
 	}
+	entry->released = false;
+	entry->released_subid = InvalidSubTransactionId;
 	return entry;
 }
 
@@ -806,6 +827,21 @@ held_remember(KeyIdent *id, const pg_uuid_t *token)
 	bool		found;
 
 	held_enter(id, &found)->token = *token;
+}
+
+/*
+ * The transaction gave the key's reservation up: the guard stops counting
+ * it (see HeldKey).
+ */
+static void
+held_forget(KeyIdent *id)
+{
+	HeldKey    *entry = held_find(id);
+
+	if (entry == NULL)
+		return;
+	entry->released = true;
+	entry->released_subid = GetCurrentSubTransactionId();
 }
 
 /*
@@ -826,6 +862,8 @@ idem_holds_reservation(char **scopes, int nscopes)
 	hash_seq_init(&status, held_keys);
 	while ((entry = (HeldKey *) hash_seq_search(&status)) != NULL)
 	{
+		if (entry->released)
+			continue;
 		if (nscopes == 0)
 		{
 			hash_seq_term(&status);
@@ -2376,6 +2414,7 @@ keys_delete_reservation(KeyIdent *id, pg_uuid_t *token, const char *action)
 			memcmp(token->data, pending->token.data, UUID_LEN) == 0)
 		{
 			held_consume(pending);
+			held_forget(id);
 			idem_stats_count(id->tenant, id->scope, IDEM_STAT_RELEASED, 1);
 			return;
 		}
@@ -2392,6 +2431,7 @@ keys_delete_reservation(KeyIdent *id, pg_uuid_t *token, const char *action)
 	idem_spi_execute(plan_delete, values, nulls, false, 0);
 	if (SPI_processed == 0)
 		keys_explain_no_match(id, token, action);
+	held_forget(id);
 	idem_stats_count(id->tenant, id->scope, IDEM_STAT_RELEASED, 1);
 }
 

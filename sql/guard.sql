@@ -99,6 +99,38 @@ BEGIN;
 SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (5, 50)$$);
 ROLLBACK;
 
+-- a reservation the transaction gave up no longer opens the table: after
+-- idem_release, or a completion that releases the key (5xx), the retry
+-- gets a new reservation and would write again
+BEGIN;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel', '{"amount": 7}'::jsonb);
+SELECT idem_release('g_a', 'POST /v1/charges', 'c-rel');
+SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (7, 70)$$);
+ROLLBACK;
+BEGIN;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-503', '{"amount": 8}'::jsonb);
+SELECT idem_complete('g_a', 'POST /v1/charges', 'c-503', 503, '{"error": "busy"}') IS NULL AS released;
+SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (8, 80)$$);
+ROLLBACK;
+-- a two-phase reservation released with its token, in the proving transaction
+SELECT lock_token AS tok3 FROM idem_reserve('g_a', 'POST /v1/charges', 'c-2r', '{"amount": 9}'::jsonb) \gset
+BEGIN;
+SELECT idem_checkpoint('g_a', 'POST /v1/charges', 'c-2r', 'x', lock_token => :'tok3');
+SELECT idem_release('g_a', 'POST /v1/charges', 'c-2r', :'tok3');
+SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (9, 90)$$);
+ROLLBACK;
+-- a release in a savepoint that rolls back is undone with it; reserving the
+-- key again after a release holds it again
+BEGIN;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel2', '{"amount": 7}'::jsonb);
+SAVEPOINT s;
+SELECT idem_release('g_a', 'POST /v1/charges', 'c-rel2');
+ROLLBACK TO SAVEPOINT s;
+INSERT INTO shop.charges VALUES (10, 100);
+SELECT idem_release('g_a', 'POST /v1/charges', 'c-rel2');
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel2', '{"amount": 7}'::jsonb);
+INSERT INTO shop.charges VALUES (11, 110);
+ROLLBACK;
 -- the bypass: administrators only, inside a transaction block, with a reason
 CREATE ROLE guard_app IN ROLE idempotency_app;
 CREATE ROLE guard_admin IN ROLE idempotency_admin;
