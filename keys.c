@@ -2337,8 +2337,8 @@ keys_explain_no_match(KeyIdent *id, pg_uuid_t *token, const char *action)
 				(errcode(ERRCODE_OBJECT_IN_USE),
 				 errmsg("lock_token does not match the reservation of idempotency key \"%s\"",
 						id->key),
-				 errdetail("The reservation was taken over by a later attempt after its lock timed out."),
-				 errhint("Abandon this attempt without storing its result; the attempt holding the new lock_token finishes the key.")));
+				 errdetail("The reservation holds another lock_token: a later attempt took it over after its lock timed out, or this token is not the one idem_reserve() gave for this key."),
+				 errhint("Pass the lock_token that idem_reserve() returned for this key; an attempt that was taken over must stop without storing its result, since the attempt holding the new lock_token finishes the key.")));
 	if (row.status != status_oids[STATUS_PROCESSING])
 	{
 		const char *label = "completed";
