@@ -1369,6 +1369,11 @@ parse_ignore(CanonState *st, ArrayType *ignore)
 		return;
 	if (ARR_ELEMTYPE(ignore) != TEXTOID)
 		elog(ERROR, "fingerprint ignore list must be a text array");
+	if (ARR_NDIM(ignore) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("fingerprint ignore list must be a one-dimensional array"),
+				 errhint("List the JSON Pointers in one dimension, such as '{/timestamp,/meta/trace_id}'.")));
 	deconstruct_array(ignore, TEXTOID, -1, false, TYPALIGN_INT,
 					  &elems, &nulls, &nelems);
 	if (nelems == 0)

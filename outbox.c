@@ -1284,7 +1284,14 @@ outbox_enqueue_args(FunctionCallInfo fcinfo, OutboxEnqueueArgs *a)
 					 errhint("Pass the key together with its scope, or neither.")));
 	}
 	if (!PG_ARGISNULL(5))
+	{
 		a->headers = PG_GETARG_JSONB_P(5);
+		if (!JB_ROOT_IS_OBJECT(a->headers) || JB_ROOT_IS_SCALAR(a->headers))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("outbox headers must be a JSON object"),
+					 errhint("Pass the headers for the worker to send as an object of names and values, for example {\"Content-Type\": \"application/json\"}, or NULL for none.")));
+	}
 	if (!PG_ARGISNULL(6))
 	{
 		deliver_after = PG_GETARG_INTERVAL_P(6);
@@ -1494,6 +1501,24 @@ outbox_claim_args(FunctionCallInfo fcinfo, char **worker, int32 *batch,
 	*lease = PG_GETARG_INTERVAL_P(2);
 	idem_check_interval(*lease, "lease", false,
 						"Pass how long the worker needs to deliver the batch, for example '30 seconds'.");
+	if (!PG_ARGISNULL(3))
+	{
+		ArrayType  *topics = PG_GETARG_ARRAYTYPE_P(3);
+
+		/* a topic list that can match nothing is a mistake, not "idle" */
+		if (ARR_NDIM(topics) != 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg(ARR_NDIM(topics) == 0 ?
+							"topics must name at least one topic" :
+							"topics must be a one-dimensional array"),
+					 errhint("Pass the topics this worker delivers, such as '{payment.capture}', or NULL for every topic.")));
+		if (ARR_HASNULL(topics))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("topics must not contain NULL"),
+					 errhint("Pass the topics this worker delivers, such as '{payment.capture}', or NULL for every topic.")));
+	}
 	if (!PG_ARGISNULL(4))
 	{
 		*tenant = text_to_cstring(PG_GETARG_TEXT_PP(4));

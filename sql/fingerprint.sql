@@ -112,6 +112,8 @@ SELECT idem_fingerprint('{"a": 1}', ARRAY['/a~']);
 SELECT idem_fingerprint('{"a": 1}', ARRAY['']);
 -- a NULL pointer (22004)
 SELECT idem_fingerprint('{"a": 1}', ARRAY['/a', NULL]);
+-- a list in two dimensions is refused, not flattened
+SELECT idem_fingerprint('{"a": 1, "b": 2}', '{{/a},{/b}}');
 -- pointers are checked even when the request has no such member, and
 -- before the request is read
 SELECT idem_fingerprint('[1e400]', ARRAY['bad']);

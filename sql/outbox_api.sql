@@ -102,7 +102,11 @@ SELECT tenant_id, topic FROM outbox_claim('w', 10, '1 minute', topics => '{obx.s
  ORDER BY 1, 2;
 SELECT tenant_id, topic FROM outbox_claim('w', 10, '1 minute', topics => '{obx.mail,obx.sms,obx.push}')
  ORDER BY 1, 2;
-SELECT count(*) FROM outbox_claim('w', 10, '1 minute', topics => '{}');
+-- a topic list that can match nothing is refused, not taken for "idle"
+SELECT pg_temp.outbox_error($$SELECT * FROM outbox_claim('w', 10, '1 minute', topics => '{}')$$);
+SELECT pg_temp.outbox_error($$SELECT * FROM outbox_claim('w', 10, '1 minute', topics => '{NULL}')$$);
+SELECT pg_temp.outbox_error($$SELECT * FROM outbox_claim('w', 1, '1 minute', topics => '{obx.sms,NULL}')$$);
+SELECT pg_temp.outbox_error($$SELECT * FROM outbox_claim('w', 10, '1 minute', topics => '{{obx.mail},{obx.sms}}')$$);
 DELETE FROM idempotency.outbox WHERE tenant_id IN ('obx_a', 'obx_b');
 
 -- a backlog of one topic does not slow down the workers of another: a
@@ -168,6 +172,9 @@ DELETE FROM idempotency.outbox WHERE tenant_id IN ('obx_a', 'obx_b');
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(NULL, ''obx.x'', ''{}'')');
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', NULL, ''{}'')');
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', NULL)');
+-- headers are an object of names and values, as idem_complete's
+SELECT pg_temp.outbox_error($$SELECT outbox_enqueue('obx_a', 'obx.x', '{}', headers => '[1]')$$);
+SELECT pg_temp.outbox_error($$SELECT outbox_enqueue('obx_a', 'obx.x', '{}', headers => '"a string"')$$);
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', '''', ''{}'')');
 SELECT pg_temp.outbox_error(format('SELECT outbox_enqueue(%L, %L, %L)', 'obx_a', repeat('t', 256), '{}'));
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', ''{}'', key => '''')');
