@@ -921,7 +921,7 @@ outbox_explain_miss(const char *tenant, int64 id, const char *action,
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_IN_USE),
 			 errmsg("lease token does not match the current lease of the outbox row"),
-			 errdetail("Row " INT64_FORMAT " is %s: its lease expired and it was claimed again, or the lease was already released.",
+			 errdetail("Row " INT64_FORMAT " is %s: its lease expired and it was claimed again or reclaimed by maintenance, or the lease was already released.",
 					   id, status),
 			 errhint("Abandon this delivery attempt; the current lease holder finishes the row.")));
 }

@@ -36,6 +36,20 @@ UPDATE idempotency.outbox SET lease_until = now() - interval '1 second',
  WHERE tenant_id = 'obx_l' AND id = :id1;
 SELECT outbox_extend('obx_l', :id1, :'tok1', '1 minute') > now() AS extended_after_expiry;
 
+-- once maintenance reclaimed an expired lease (idem_maintain runs
+-- idem_reclaim_leases), its token neither extends nor acks (55006): the
+-- row is pending, to be delivered again
+SELECT outbox_enqueue('obx_l', 'obx.lease', '{"n": 9}') AS id9 \gset
+SELECT lease_token AS tok9 FROM outbox_claim('w1', 1, '10 seconds', tenant => 'obx_l') \gset
+UPDATE idempotency.outbox SET lease_until = now() - interval '1 second',
+       available_at = now() - interval '1 second'
+ WHERE tenant_id = 'obx_l' AND id = :id9;
+SELECT idem_reclaim_leases() >= 1 AS reclaimed;
+SELECT pg_temp.outbox_error(format('SELECT outbox_extend(%L, %s, %L)', 'obx_l', :id9, :'tok9'));
+SELECT pg_temp.outbox_error(format('SELECT outbox_ack(%L, %s, %L)', 'obx_l', :id9, :'tok9'));
+SELECT status, attempts FROM idempotency.outbox WHERE tenant_id = 'obx_l' AND id = :id9;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_l' AND id = :id9;
+
 -- fencing: once the lease expired and another worker claimed the row, the
 -- old token extends nothing (55006), and the new holder's lease is intact
 UPDATE idempotency.outbox SET lease_until = now() - interval '1 second',
