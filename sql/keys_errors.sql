@@ -62,6 +62,8 @@ SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'café', fingerprint 
 SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', fingerprint => '\x0102'::bytea)$$);
 SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', ttl => '0', fingerprint => sha256('x'))$$);
 SELECT pg_temp.err($$SELECT idem_reserve('ke_a', 'orders', 'k', wait => '-1 s', fingerprint => sha256('x'))$$);
+-- NULL wait and ttl are the defaults (no wait; the scope's ttl), not errors
+SELECT outcome FROM idem_reserve('ke_a', 'orders', 'k-null-wait', ttl => NULL, wait => NULL, fingerprint => sha256('x'));
 SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 99, '{}')$$);
 SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 600, '{}')$$);
 SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'held', 200, '{}', '["x"]')$$);
@@ -145,7 +147,7 @@ DELETE FROM idempotency.scopes WHERE scope = 'ke_scope_max';
 
 -- none of the failed calls wrote anything
 SELECT count(*) - :rows_before AS new_rows FROM idempotency.keys
- WHERE tenant_id = 'ke_a' AND idem_key NOT IN (repeat('k', 255), 'small');
+ WHERE tenant_id = 'ke_a' AND idem_key NOT IN (repeat('k', 255), 'small', 'k-null-wait');
 SELECT idem_key, status, response_code, response_body, recovery_point, completed_at IS NULL AS open
   FROM idempotency.keys WHERE tenant_id = 'ke_a' AND idem_key IN ('done', 'held') ORDER BY 1;
 SELECT lock_token = :'tok' AS held_by_same_token FROM idempotency.keys
