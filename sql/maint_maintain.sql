@@ -163,3 +163,27 @@ SELECT stmt, pg_temp.sqlstate_of(stmt) FROM (VALUES
 
 DELETE FROM idempotency.keys WHERE tenant_id = 'maint-m';
 DELETE FROM idempotency.outbox WHERE tenant_id = 'maint-m';
+
+-- an operator role of its own, with README's grants and no
+-- idempotency_admin, runs maintenance; without the schema's USAGE it
+-- cannot (idem_maintain calls idempotency.maintain)
+CREATE ROLE maint_ops;
+GRANT EXECUTE ON PROCEDURE idem_maintain(interval, int, interval),
+    idempotency.maintain(interval, int, interval) TO maint_ops;
+GRANT EXECUTE ON FUNCTION idempotency.reap(int), idempotency.sweep(interval),
+    idempotency.reclaim_leases(), idempotency.purge_outbox(int) TO maint_ops;
+SET ROLE maint_ops;
+\set VERBOSITY terse
+CALL idem_maintain('1 second', 10, '0');
+\set VERBOSITY default
+RESET ROLE;
+GRANT USAGE ON SCHEMA idempotency TO maint_ops;
+SET ROLE maint_ops;
+CALL idem_maintain('1 second', 10, '0');
+RESET ROLE;
+REVOKE ALL ON SCHEMA idempotency FROM maint_ops;
+REVOKE ALL ON PROCEDURE idem_maintain(interval, int, interval),
+    idempotency.maintain(interval, int, interval) FROM maint_ops;
+REVOKE ALL ON FUNCTION idempotency.reap(int), idempotency.sweep(interval),
+    idempotency.reclaim_leases(), idempotency.purge_outbox(int) FROM maint_ops;
+DROP ROLE maint_ops;
