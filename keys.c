@@ -2452,6 +2452,7 @@ keys_insert_finished(HeldKey *pending, bool succeeded, int32 code,
 	Datum		cols[KEYS_ATT_COUNT];
 	bool		colnulls[KEYS_ATT_COUNT];
 	TimestampTz completed_at = GetCurrentTimestamp();
+	TimestampTz expires_at = pending->expires_at;
 
 	held_row(pending, cols, colnulls);
 	cols[KEYS_ATT_STATUS] =
@@ -2464,6 +2465,10 @@ keys_insert_finished(HeldKey *pending, bool succeeded, int32 code,
 	colnulls[KEYS_ATT_RESPONSE_HEADERS] = headers_null;
 	cols[KEYS_ATT_COMPLETED_AT] = TimestampTzGetDatum(completed_at);
 	colnulls[KEYS_ATT_COMPLETED_AT] = false;
+	/* KEYS_EXPIRY_AT_COMPLETION: a transaction that outlasted the ttl */
+	if (expires_at <= completed_at)
+		expires_at = completed_at + (pending->expires_at - pending->locked_at);
+	cols[KEYS_ATT_EXPIRES_AT] = TimestampTzGetDatum(expires_at);
 	if (keys_insert_row(cols, colnulls))
 	{
 		held_consume(pending);
@@ -2492,12 +2497,19 @@ keys_insert_finished(HeldKey *pending, bool succeeded, int32 code,
 	values[9] = headers;
 	nulls[9] = headers_null ? 'n' : ' ';
 	values[10] = TimestampTzGetDatum(completed_at);
-	values[11] = TimestampTzGetDatum(pending->expires_at);
+	values[11] = TimestampTzGetDatum(expires_at);
 	idem_spi_execute(plan_insert_done, values, nulls, false, 0);
 	held_consume(pending);
 }
 
 /*
+ * KEYS_EXPIRY_AT_COMPLETION: a key finished (completed, or resolved by an
+ * operator) at or after its expires_at would be stored expired, reaped at
+ * the next run and answered "created" to the client's retry, which would
+ * run the request again: its expires_at moves to the time it finished plus
+ * its ttl (expires_at - created_at).  A key finished in time keeps its
+ * expires_at, so a two-phase completion stays a HOT update.
+ *
  * Store the response of a processing key, or delete the reservation: when
  * the caller says the failure is retryable, for a status code the scope
  * lists in retryable_codes, and for a 5xx the scope does not cache.  With
@@ -2552,7 +2564,12 @@ keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
 						" ELSE 'failed'::idempotency.status END,"
 						" response_code = $5, response_body = $6,"
 						" response_headers = $7, completed_at = $8,"
-						" needs_reconciliation = false" KEY_WHERE
+						" needs_reconciliation = false,"
+						/* KEYS_EXPIRY_AT_COMPLETION; unchanged otherwise, so HOT */
+						" expires_at = CASE WHEN expires_at OPERATOR(pg_catalog.<=) $8"
+						" THEN $8 OPERATOR(pg_catalog.+)"
+						" (expires_at OPERATOR(pg_catalog.-) created_at)"
+						" ELSE expires_at END" KEY_WHERE
 						" AND status OPERATOR(pg_catalog.=) 'processing'"
 						" AND ($9::pg_catalog.uuid IS NULL OR lock_token OPERATOR(pg_catalog.=) $9)",
 						9, argtypes, 0);

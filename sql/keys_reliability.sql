@@ -237,5 +237,31 @@ ROLLBACK TO s;
 COMMIT;
 SELECT status, recovery_point, response_code FROM idem_lookup('kr_a', 'kr_ro', 'ro-1');
 
+-- a key finished after its ttl ran out is kept a ttl from when it
+-- finished: stored expired, the reaper would delete it at once and the
+-- client's retry would run the request again
+SELECT scope FROM idem_configure_scope('kr_exp', '{"ttl": "1 second", "lock_timeout": "1 second"}');
+-- two-phase, completed late with its token
+SELECT lock_token AS e1 FROM idem_reserve('kr_a', 'kr_exp', 'e-1', fingerprint => sha256('e')) \gset
+SELECT pg_sleep(1.2);
+SELECT idem_complete('kr_a', 'kr_exp', 'e-1', 201, '{"charge": "ch_1"}', lock_token => :'e1');
+SELECT idem_reap() >= 0 AS reap_ran;
+SELECT outcome, response_body FROM idem_reserve('kr_a', 'kr_exp', 'e-1', fingerprint => sha256('e'));
+-- atomic, in a transaction that outlasted the ttl
+BEGIN;
+SELECT outcome FROM idem_reserve('kr_a', 'kr_exp', 'e-2', fingerprint => sha256('e'));
+SELECT pg_sleep(1.2);
+SELECT idem_complete('kr_a', 'kr_exp', 'e-2', 201, '{"charge": "ch_2"}');
+COMMIT;
+SELECT idem_reap() >= 0 AS reap_ran;
+SELECT outcome, response_body FROM idem_reserve('kr_a', 'kr_exp', 'e-2', fingerprint => sha256('e'));
+-- flagged for reconciliation, resolved by an operator after the ttl
+SELECT lock_token AS e3 FROM idem_reserve('kr_a', 'kr_exp', 'e-3', fingerprint => sha256('e')) \gset
+SELECT pg_sleep(1.2);
+SELECT outcome FROM idem_reserve('kr_a', 'kr_exp', 'e-3', fingerprint => sha256('e'));
+SELECT idem_resolve('kr_a', 'kr_exp', 'e-3', 201, '{"charge": "ch_3"}');
+SELECT idem_reap() >= 0 AS reap_ran;
+SELECT outcome, response_body FROM idem_reserve('kr_a', 'kr_exp', 'e-3', fingerprint => sha256('e'));
+
 DELETE FROM idempotency.keys WHERE tenant_id = 'kr_a';
 DELETE FROM idempotency.scopes WHERE scope LIKE 'kr\_%';
