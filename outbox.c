@@ -499,6 +499,13 @@ static const char *outbox_status_sql =
 "SELECT status::pg_catalog.text FROM idempotency.outbox"
 " WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2";
 
+/* whether the row is leased with token $3 (read in the latest snapshot) */
+static const char *outbox_fence_sql =
+"SELECT FROM idempotency.outbox"
+" WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2"
+" AND status OPERATOR(pg_catalog.=) 'leased'"
+" AND lease_token OPERATOR(pg_catalog.=) $3";
+
 /* Saved plans, prepared on first use in this backend. */
 static SPIPlanPtr enqueue_plan = NULL;
 static SPIPlanPtr enqueue_v10_plan = NULL;
@@ -512,6 +519,7 @@ static SPIPlanPtr ack_delete_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
 static SPIPlanPtr requeue_plan = NULL;
 static SPIPlanPtr status_plan = NULL;
+static SPIPlanPtr fence_plan = NULL;
 static SPIPlanPtr extend_plan = NULL;
 static SPIPlanPtr ack_many_plan = NULL;
 static SPIPlanPtr ack_many_delete_plan = NULL;
@@ -855,22 +863,48 @@ outbox_tenant_arg(FunctionCallInfo fcinfo, int argno)
 
 /*
  * Raise the error that explains why an update by (tenant, id) touched no
- * row.  "action" names the caller for the messages.  Called with SPI
- * connected; never returns.
+ * row.  "action" names the caller for the messages; "token" is the lease
+ * token it was fenced by, 0 for none.  Called with SPI connected; never
+ * returns.
  */
 static void
 outbox_explain_miss(const char *tenant, int64 id, const char *action,
-					bool expected_dead)
+					bool expected_dead, Datum token)
 {
-	Oid			argtypes[2] = {TEXTOID, INT8OID};
-	Datum		values[2];
+	Oid			argtypes[3] = {TEXTOID, INT8OID, UUIDOID};
+	Datum		values[3];
 	SPIPlanPtr	plan;
 	int			rc;
 	char	   *status;
 
-	plan = outbox_plan(&status_plan, outbox_status_sql, 2, argtypes);
 	values[0] = CStringGetTextDatum(tenant);
 	values[1] = Int64GetDatum(id);
+
+	/*
+	 * Under REPEATABLE READ and SERIALIZABLE, the token is the row's lease
+	 * in a transaction that committed after this one's snapshot (the claim
+	 * came from another connection): the update saw the row as it was
+	 * before, which is a serialization failure, not a lost lease.
+	 */
+	if (token != (Datum) 0 && IsolationUsesXactSnapshot())
+	{
+		values[2] = token;
+		plan = outbox_plan(&fence_plan, outbox_fence_sql, 3, argtypes);
+		rc = SPI_execute_snapshot(plan, values, NULL, GetLatestSnapshot(),
+								  InvalidSnapshot, true, false, 1);
+		if (rc != SPI_OK_SELECT)
+			elog(ERROR, "outbox lease lookup failed: %s",
+				 SPI_result_code_string(rc));
+		if (SPI_processed > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access to outbox row " INT64_FORMAT,
+							id),
+					 errdetail("The row was leased with this token by a transaction that committed after this transaction's snapshot was taken."),
+					 errhint("Retry the whole transaction; under READ COMMITTED this does not happen.")));
+	}
+
+	plan = outbox_plan(&status_plan, outbox_status_sql, 2, argtypes);
 	/*
 	 * Not read-only: a fresh snapshot (under READ COMMITTED), so that a
 	 * caller that waited for a concurrent ack of the same lease sees what
@@ -2354,7 +2388,8 @@ idem_outbox_ack_body(FunctionCallInfo fcinfo)
 				PG_RETURN_VOID();
 			case OUTBOX_ACK_MISS:
 				idem_spi_connect();
-				outbox_explain_miss(tenant, id, "outbox_ack", false);
+				outbox_explain_miss(tenant, id, "outbox_ack", false,
+									values[2]);
 				pg_unreachable();
 			default:
 				break;
@@ -2371,7 +2406,7 @@ idem_outbox_ack_body(FunctionCallInfo fcinfo)
 	if (rc != SPI_OK_UPDATE && rc != SPI_OK_DELETE)
 		elog(ERROR, "outbox ack failed: %s", SPI_result_code_string(rc));
 	if (SPI_processed == 0)
-		outbox_explain_miss(tenant, id, "outbox_ack", false);
+		outbox_explain_miss(tenant, id, "outbox_ack", false, values[2]);
 	SPI_finish();
 
 	PG_RETURN_VOID();
@@ -2401,7 +2436,7 @@ outbox_fenced_returning(SPIPlanPtr plan, Datum *values, const char *nulls,
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "%s failed: %s", funcname, SPI_result_code_string(rc));
 	if (SPI_processed == 0)
-		outbox_explain_miss(tenant, id, funcname, false);
+		outbox_explain_miss(tenant, id, funcname, false, values[2]);
 	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
 						 &isnull);
 }
@@ -2492,7 +2527,7 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox requeue failed: %s", SPI_result_code_string(rc));
 	if (SPI_processed == 0)
-		outbox_explain_miss(tenant, id, "outbox_requeue", true);
+		outbox_explain_miss(tenant, id, "outbox_requeue", true, (Datum) 0);
 	topic = MemoryContextStrdup(callcontext,
 								SPI_getvalue(SPI_tuptable->vals[0],
 											 SPI_tuptable->tupdesc, 1));
