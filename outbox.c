@@ -861,6 +861,16 @@ outbox_tenant_arg(FunctionCallInfo fcinfo, int argno)
 }
 
 
+/* Whether "j" is the JSON value null. */
+static bool
+outbox_jsonb_is_null(Jsonb *j)
+{
+	JsonbValue	v;
+
+	return JB_ROOT_IS_SCALAR(j) && JsonbExtractScalar(&j->root, &v) &&
+		v.type == jbvNull;
+}
+
 /*
  * Raise the error that explains why an update by (tenant, id) touched no
  * row.  "action" names the caller for the messages; "token" is the lease
@@ -1320,7 +1330,9 @@ outbox_enqueue_args(FunctionCallInfo fcinfo, OutboxEnqueueArgs *a)
 	if (!PG_ARGISNULL(5))
 	{
 		a->headers = PG_GETARG_JSONB_P(5);
-		if (!JB_ROOT_IS_OBJECT(a->headers) || JB_ROOT_IS_SCALAR(a->headers))
+		/* an object, or the JSON value null (stored and sent as such) */
+		if ((!JB_ROOT_IS_OBJECT(a->headers) || JB_ROOT_IS_SCALAR(a->headers)) &&
+			!outbox_jsonb_is_null(a->headers))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("outbox headers must be a JSON object"),

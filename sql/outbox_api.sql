@@ -175,6 +175,11 @@ SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', NULL)')
 -- headers are an object of names and values, as idem_complete's
 SELECT pg_temp.outbox_error($$SELECT outbox_enqueue('obx_a', 'obx.x', '{}', headers => '[1]')$$);
 SELECT pg_temp.outbox_error($$SELECT outbox_enqueue('obx_a', 'obx.x', '{}', headers => '"a string"')$$);
+-- the JSON value null is taken as it is (README, the WAL relay's message)
+SELECT outbox_enqueue('obx_a', 'obx.null-headers', '{}', headers => 'null') AS nid \gset
+SELECT headers IS NOT NULL AND headers = 'null'::jsonb AS json_null_kept
+  FROM idempotency.outbox WHERE tenant_id = 'obx_a' AND id = :nid;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_a' AND id = :nid;
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', '''', ''{}'')');
 SELECT pg_temp.outbox_error(format('SELECT outbox_enqueue(%L, %L, %L)', 'obx_a', repeat('t', 256), '{}'));
 SELECT pg_temp.outbox_error('SELECT outbox_enqueue(''obx_a'', ''obx.x'', ''{}'', key => '''')');
