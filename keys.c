@@ -1432,11 +1432,34 @@ keys_insert_row(Datum *colvalues, bool *colnulls)
 }
 
 /*
+ * Whether a trigger on the keys table may be deferred (a DEFERRABLE foreign
+ * key or unique constraint, a constraint trigger).  Deferred triggers fire
+ * at commit before the pending reservations are written, and may not fire
+ * from that write (a security-restricted operation): with one, a new key's
+ * row is written when it is reserved, and the trigger fires at commit.
+ */
+static bool
+keys_has_deferred_trigger(void)
+{
+	Relation	rel = RelationIdGetRelation(keys_relid);
+	bool		found = false;
+
+	if (!RelationIsValid(rel))
+		return false;
+	for (int i = 0; rel->trigdesc != NULL && i < rel->trigdesc->numtriggers; i++)
+		if (rel->trigdesc->triggers[i].tgdeferrable)
+			found = true;
+	RelationClose(rel);
+	return found;
+}
+
+/*
  * Keep a new reservation pending (HeldKey); "values" are reserve_insert's.
  * Returns false, recording nothing, when it must be inserted now: where
  * the insert must fail now (a read-only transaction, a standby), on Citus
- * (the shard's write belongs to the statement), and for a key this
- * transaction already held in any way.
+ * (the shard's write belongs to the statement), with a deferred trigger on
+ * the table (keys_has_deferred_trigger), and for a key this transaction
+ * already held in any way.
  */
 static bool
 held_defer(KeyIdent *id, Datum *values)
@@ -1455,6 +1478,8 @@ held_defer(KeyIdent *id, Datum *values)
 	 * this transaction rather than holding the table when the row comes.
 	 */
 	LockRelationOid(keys_relid, RowExclusiveLock);
+	if (keys_has_deferred_trigger())
+		return false;
 	entry = held_enter(id, &found);
 	if (found)
 		return false;

@@ -225,6 +225,29 @@ RESET enable_seqscan;
 RESET enable_bitmapscan;
 DROP INDEX idempotency.wo_lower_idx;
 DROP INDEX idempotency.wo_failed_idx;
+-- a deferred constraint (here a DEFERRABLE foreign key) fires at commit,
+-- before a pending reservation would be written: with one on the table,
+-- a new key's row is written when it is reserved, and the constraint
+-- checks it at commit
+CREATE TABLE wo_tenants (id text COLLATE "C" PRIMARY KEY);
+INSERT INTO wo_tenants SELECT DISTINCT tenant_id FROM idempotency.keys;
+INSERT INTO wo_tenants VALUES ('wo_a') ON CONFLICT DO NOTHING;
+ALTER TABLE idempotency.keys ADD CONSTRAINT wo_tenant_fk FOREIGN KEY (tenant_id)
+    REFERENCES wo_tenants DEFERRABLE INITIALLY DEFERRED;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'fk-1', '{"amount": 22}'::jsonb);
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'fk-2', '{"amount": 23}'::jsonb);
+COMMIT;
+SELECT idem_key, status FROM idempotency.keys
+ WHERE tenant_id = 'wo_a' AND idem_key LIKE 'fk-%' ORDER BY 1;
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_nobody', 'orders', 'fk-3', '{"amount": 24}'::jsonb);
+\set VERBOSITY terse
+COMMIT;
+\set VERBOSITY default
+SELECT count(*) AS fk_3_rows FROM idempotency.keys WHERE tenant_id = 'wo_nobody';
+ALTER TABLE idempotency.keys DROP CONSTRAINT wo_tenant_fk;
+DROP TABLE wo_tenants;
 -- back to the table as made: the direct insert again
 BEGIN;
 SELECT outcome FROM idem_reserve('wo_a', 'orders', 'after-1', '{"amount": 21}'::jsonb);
