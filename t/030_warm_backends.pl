@@ -11,24 +11,13 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use IdemTest qw(new_idem_node);
+use IdemTest qw(new_idem_node run_in);
 
 my $node = new_idem_node('warm_backends');
 $node->safe_psql('postgres', 'CREATE DATABASE old');
 $node->safe_psql('old', "CREATE EXTENSION idempotency VERSION '1.0'");
 
 my $n = 0;
-
-# Run $sql in a background session; returns its output and what it wrote
-# on stderr (errors), then forgets the latter.
-sub run_in
-{
-	my ($session, $sql) = @_;
-	my $out = $session->query($sql);
-	my $err = $session->{stderr};
-	$session->{stderr} = '';
-	return ($out, $err);
-}
 
 # One round of everything in a session: a new key reserved and completed
 # atomically (in one transaction, so no lock_token), its replay and its

@@ -20,18 +20,9 @@ use warnings;
 use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use IdemTest qw(new_idem_node);
+use IdemTest qw(new_idem_node run_in);
 
 my $node = new_idem_node('warm_transactions');
-
-sub run_in
-{
-	my ($session, $sql) = @_;
-	my $out = $session->query($sql);
-	my $err = $session->{stderr};
-	$session->{stderr} = '';
-	return ($out, $err);
-}
 
 # DDL from another session, while $session is idle in a transaction it
 # opened just before (and which holds no lock the DDL waits for)

@@ -9,22 +9,12 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use IdemTest qw(new_idem_node);
+use IdemTest qw(new_idem_node run_in);
 
 my $node = new_idem_node('outbox_rr');
 $node->safe_psql('postgres',
 	q{SELECT count(outbox_enqueue('rr', 'rr.topic', jsonb_build_object('n', g)))
 	    FROM generate_series(1, 4) g});
-
-# run $sql in $session; returns (stdout, stderr) and clears stderr
-sub run_in
-{
-	my ($session, $sql) = @_;
-	my $out = $session->query($sql);
-	my $err = $session->{stderr};
-	$session->{stderr} = '';
-	return ($out, $err);
-}
 
 for my $level ('REPEATABLE READ', 'SERIALIZABLE')
 {

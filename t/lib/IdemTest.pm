@@ -6,7 +6,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use Exporter 'import';
 
-our @EXPORT_OK = qw(new_idem_node catalog_snapshot have_pg_cron);
+our @EXPORT_OK = qw(new_idem_node catalog_snapshot have_pg_cron run_in);
 
 # The server's library directory (of the pg_config first on PATH, as the
 # test clusters' binaries are).
@@ -125,6 +125,17 @@ lines AS (
 )
 SELECT string_agg(line, E'\n' ORDER BY line) FROM lines;
 SQL
+}
+
+# Run $sql in a background session ($node->background_psql); returns its
+# output and what it wrote on stderr (errors), then forgets the latter.
+sub run_in
+{
+	my ($session, $sql) = @_;
+	my $out = $session->query($sql);
+	my $err = $session->{stderr};
+	$session->{stderr} = '';
+	return ($out, $err);
 }
 
 1;
