@@ -321,6 +321,7 @@ static SPIPlanPtr plan_renew = NULL;
 static SPIPlanPtr plan_takeover = NULL;
 static SPIPlanPtr plan_flag = NULL;
 static SPIPlanPtr plan_complete = NULL;
+static SPIPlanPtr plan_set_expiry = NULL;
 static SPIPlanPtr plan_delete = NULL;
 static SPIPlanPtr plan_checkpoint = NULL;
 static SPIPlanPtr plan_scope = NULL;
@@ -2533,8 +2534,40 @@ keys_insert_finished(HeldKey *pending, bool succeeded, int32 code,
  * the next run and answered "created" to the client's retry, which would
  * run the request again: its expires_at moves to the time it finished plus
  * its ttl (expires_at - created_at).  A key finished in time keeps its
- * expires_at, so a two-phase completion stays a HOT update.
- *
+ * expires_at, so a two-phase completion stays a HOT update.  After the
+ * completing UPDATE, whose RETURNING row is in SPI_tuptable: the new time
+ * is computed here and written by a second UPDATE, only when it is needed
+ * (Citus refuses a STABLE function of a column in an UPDATE).
+ */
+static void
+keys_expiry_at_completion(KeyIdent *id, TimestampTz completed_at)
+{
+	Oid			argtypes[4] = {TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID};
+	Datum		values[4];
+	bool		expires_null;
+	bool		created_null;
+	TimestampTz expires_at;
+	TimestampTz created_at;
+
+	if (SPI_processed != 1)
+		return;
+	expires_at = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0],
+												   SPI_tuptable->tupdesc, 1,
+												   &expires_null));
+	created_at = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0],
+												   SPI_tuptable->tupdesc, 2,
+												   &created_null));
+	if (expires_null || created_null || expires_at > completed_at)
+		return;
+	idem_saved_plan(&plan_set_expiry,
+					"UPDATE idempotency.keys SET expires_at = $4" KEY_WHERE,
+					4, argtypes, 0);
+	memcpy(values, id->values, sizeof(id->values));
+	values[3] = TimestampTzGetDatum(completed_at + (expires_at - created_at));
+	idem_spi_execute(plan_set_expiry, values, NULL, false, 0);
+}
+
+/*
  * Store the response of a processing key, or delete the reservation: when
  * the caller says the failure is retryable, for a status code the scope
  * lists in retryable_codes, and for a 5xx the scope does not cache.  With
@@ -2571,6 +2604,7 @@ keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
 		JSONBOID, JSONBOID, TIMESTAMPTZOID, UUIDOID};
 		bool		succeeded = code < 400;
 		HeldKey    *pending = held_pending(id);
+		TimestampTz completed_at;
 
 		if (pending != NULL &&
 			(token == NULL ||
@@ -2589,14 +2623,10 @@ keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
 						" ELSE 'failed'::idempotency.status END,"
 						" response_code = $5, response_body = $6,"
 						" response_headers = $7, completed_at = $8,"
-						" needs_reconciliation = false,"
-						/* KEYS_EXPIRY_AT_COMPLETION; unchanged otherwise, so HOT */
-						" expires_at = CASE WHEN expires_at OPERATOR(pg_catalog.<=) $8"
-						" THEN $8 OPERATOR(pg_catalog.+)"
-						" (expires_at OPERATOR(pg_catalog.-) created_at)"
-						" ELSE expires_at END" KEY_WHERE
+						" needs_reconciliation = false" KEY_WHERE
 						" AND status OPERATOR(pg_catalog.=) 'processing'"
-						" AND ($9::pg_catalog.uuid IS NULL OR lock_token OPERATOR(pg_catalog.=) $9)",
+						" AND ($9::pg_catalog.uuid IS NULL OR lock_token OPERATOR(pg_catalog.=) $9)"
+						" RETURNING expires_at, created_at",
 						9, argtypes, 0);
 		values[3] = BoolGetDatum(succeeded);
 		values[4] = Int32GetDatum(code);
@@ -2604,12 +2634,14 @@ keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
 		nulls[5] = body_null ? 'n' : ' ';
 		values[6] = headers;
 		nulls[6] = headers_null ? 'n' : ' ';
-		values[7] = TimestampTzGetDatum(GetCurrentTimestamp());
+		completed_at = GetCurrentTimestamp();
+		values[7] = TimestampTzGetDatum(completed_at);
 		values[8] = UUIDPGetDatum(token);
 		nulls[8] = token == NULL ? 'n' : ' ';
 		idem_spi_execute(plan_complete, values, nulls, false, 0);
 		if (SPI_processed == 0)
 			keys_explain_no_match(id, token, action);
+		keys_expiry_at_completion(id, completed_at);
 		idem_stats_count(id->tenant, id->scope, IDEM_STAT_COMPLETED, 1);
 		return status_oids[succeeded ? STATUS_SUCCEEDED : STATUS_FAILED];
 	}
