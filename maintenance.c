@@ -37,6 +37,7 @@
 #include "postgres.h"
 
 #include "access/table.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/dbcommands.h"
 #include "commands/extension.h"
@@ -50,6 +51,7 @@
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
@@ -475,12 +477,20 @@ idem_sweep(PG_FUNCTION_ARGS)
 	Oid			argtypes[4] = {INTERVALOID, INTERVALOID, TIDOID, TIDOID};
 	Datum		values[4];
 	char		nulls[4] = {' ', ' ', ' ', ' '};
-	bool		sliced = PG_ARGISNULL(0);
+	bool		sliced;
 	int64		next = 0;
 	int			ret;
 	int64		total;
 
-	if (sliced)
+	/*
+	 * Without older_than, one slice of the table; a 1.0 catalog, served by
+	 * this library until ALTER EXTENSION UPDATE, has no sweep_state: there
+	 * the whole table is read, as 1.0 did.
+	 */
+	sliced = PG_ARGISNULL(0) &&
+		OidIsValid(get_relname_relid("sweep_state",
+									 get_namespace_oid("idempotency", false)));
+	if (PG_ARGISNULL(0))
 	{
 		values[0] = (Datum) 0;
 		nulls[0] = 'n';
@@ -586,9 +596,30 @@ maint_cron_job_name(void)
  * the job, which runs as a superuser, would then call what they put there
  * (see install/40_maintenance.sql).
  */
-#define MAINT_JOB_COMMAND \
-	"CALL idempotency.maintain('50 seconds'::pg_catalog.interval," \
+#define MAINT_JOB_ARGS \
+	"('50 seconds'::pg_catalog.interval," \
 	" 1000::pg_catalog.int4, '100 milliseconds'::pg_catalog.interval)"
+
+static char *
+maint_job_command(FunctionCallInfo fcinfo)
+{
+	Oid			argtypes[3] = {INTERVALOID, INT4OID, INTERVALOID};
+	Oid			nspid = get_namespace_oid("idempotency", false);
+
+	if (SearchSysCacheExists3(PROCNAMEARGSNSP, CStringGetDatum("maintain"),
+							  PointerGetDatum(buildoidvector(argtypes, 3)),
+							  ObjectIdGetDatum(nspid)))
+		return pstrdup("CALL idempotency.maintain" MAINT_JOB_ARGS);
+
+	/*
+	 * A 1.0 catalog (before ALTER EXTENSION UPDATE) has no
+	 * idempotency.maintain: its own procedure, in the extension's schema.
+	 * Schedule again after the update.
+	 */
+	nspid = get_func_namespace(fcinfo->flinfo->fn_oid);
+	return psprintf("CALL %s.idem_maintain" MAINT_JOB_ARGS,
+					quote_identifier(get_namespace_name(nspid)));
+}
 
 /*
  * maint_require_pg_cron
@@ -664,7 +695,7 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 
 	schedule = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	jobname = maint_cron_job_name();
-	command = MAINT_JOB_COMMAND;
+	command = maint_job_command(fcinfo);
 	dbname = get_database_name(MyDatabaseId);
 
 	maint_require_pg_cron(psprintf("SELECT cron.schedule_in_database(%s, %s, %s, %s);",

@@ -79,7 +79,23 @@ SELECT count(outbox_nack(tenant_id, id, lease_token, 'redeliver', '0 seconds'))
 	'2', 'and its leases are fenced by their tokens');
 $node->safe_psql('old', q{UPDATE idempotency.outbox SET attempts = 0});
 
+# maintenance works in the 1.0 database before the update: the sweep reads
+# the whole table (no sweep_state yet), idem_maintain runs, and a job
+# scheduled now calls 1.0's procedure (idempotency.maintain comes with the
+# update)
+is($node->safe_psql('old', 'SELECT idem_sweep() >= 0'),
+	't', 'idem_sweep() works on the 1.0 catalog');
+$node->safe_psql('old', q{CALL idem_maintain('1 second', 10, '0')});
+my ($sret, $sout, $serr) =
+  $node->psql('old', 'SELECT idem_schedule_maintenance()');
+like($serr, qr/'CALL public\.idem_maintain\(/,
+	'scheduled before the update, the job calls 1.0\'s idem_maintain');
+
 $node->safe_psql('old', 'ALTER EXTENSION idempotency UPDATE');
+($sret, $sout, $serr) =
+  $node->psql('old', 'SELECT idem_schedule_maintenance()');
+like($serr, qr/'CALL idempotency\.maintain\(/,
+	'scheduled after the update, the job calls idempotency.maintain');
 is($node->safe_psql('old',
 		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
 	$current, "updated to $current");
