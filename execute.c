@@ -14,7 +14,9 @@
  * outcome (replay, in_progress, mismatch, stale) is answered without
  * calling the handler.  An error in the handler fails the statement, and
  * with it the reservation and whatever the handler wrote, like any
- * statement: in autocommit nothing remains, and a retry runs afresh.
+ * statement: in autocommit nothing remains, and a retry runs afresh.  A
+ * response that idem_complete does not store (it releases the key) rolls
+ * back what the handler wrote: the handler runs in a subtransaction.
  *
  * idem_execute is SECURITY INVOKER without a search_path of its own, so
  * the handler runs as the caller, with the caller's search_path and
@@ -30,6 +32,7 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_proc.h"
@@ -44,6 +47,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/regproc.h"
+#include "utils/resowner.h"
 #include "utils/syscache.h"
 
 #include "idempotency.h"
@@ -171,7 +175,8 @@ exec_check_handler(ExecCache *cache, Oid handler, MemoryContext cxt)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_FUNCTION),
 				 errmsg("handler function with OID %u does not exist", handler),
-				 errhint("Pass the handler's name, such as 'shop.create_order'.")));
+				 errdetail("The function was dropped after the handler's name was resolved to it."),
+				 errhint("A prepared statement resolves the name when it is prepared: prepare it again (DEALLOCATE, or a new connection), or replace a handler with CREATE OR REPLACE FUNCTION.")));
 	proc = (Form_pg_proc) GETSTRUCT(tup);
 	ok = proc->prokind == PROKIND_FUNCTION && !proc->proretset &&
 		proc->pronargs == 3 &&
@@ -255,6 +260,104 @@ exec_complete(ExecCache *cache, FunctionCallInfo fcinfo, Datum status,
 	(void) FunctionCallInvoke(call);
 }
 
+/* What a handler answered, copied out of its subtransaction. */
+typedef struct ExecResponse
+{
+	Datum		status;
+	Datum		body;
+	bool		body_null;
+	Datum		headers;
+	bool		headers_null;
+} ExecResponse;
+
+/*
+ * Call the handler, as the caller, with the caller's search_path, and take
+ * its response apart.  The values are copied into the memory context that
+ * was current when idem_execute was called (oldcxt of the caller), so they
+ * outlive a rolled-back subtransaction.
+ */
+static void
+exec_call_handler(ExecCache *cache, FunctionCallInfo fcinfo, Oid handler,
+				  MemoryContext cxt, ExecResponse *resp)
+{
+	LOCAL_FCINFO(call, 3);
+	Datum		response;
+	HeapTupleHeader th = NULL;
+	bool		isnull = true;
+	MemoryContext old;
+
+	InitFunctionCallInfoData(*call, &cache->handler_fn, 3, InvalidOid, NULL, NULL);
+	call->args[0].value = PG_GETARG_DATUM(EXEC_TENANT);
+	call->args[0].isnull = false;
+	call->args[1].value = PG_GETARG_DATUM(EXEC_KEY);
+	call->args[1].isnull = false;
+	call->args[2].value = PG_GETARG_DATUM(EXEC_REQUEST);
+	call->args[2].isnull = false;
+	response = FunctionCallInvoke(call);
+	resp->status = (Datum) 0;
+	if (!call->isnull)
+	{
+		th = DatumGetHeapTupleHeader(response);
+		resp->status = GetAttributeByNum(th, 1, &isnull);
+	}
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("handler %s returned no status", format_procedure(handler)),
+				 errhint("Return ROW(status, body, headers)::idempotency.response with an HTTP status from 100 to 599.")));
+	old = MemoryContextSwitchTo(cxt);
+	resp->body = GetAttributeByNum(th, 2, &resp->body_null);
+	if (!resp->body_null)
+		resp->body = PointerGetDatum(PG_DETOAST_DATUM_COPY(resp->body));
+	resp->headers = GetAttributeByNum(th, 3, &resp->headers_null);
+	if (!resp->headers_null)
+		resp->headers = PointerGetDatum(PG_DETOAST_DATUM_COPY(resp->headers));
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * Call the handler in a subtransaction (see idem_execute), and keep what it
+ * wrote when idem_complete will store its response; true then.
+ */
+static bool
+exec_handle(ExecCache *cache, FunctionCallInfo fcinfo, Oid handler,
+			ExecResponse *resp)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	volatile bool stored = false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		exec_call_handler(cache, fcinfo, handler, oldcxt, resp);
+		stored = idem_complete_stores(fcinfo->flinfo,
+									  PG_GETARG_DATUM(EXEC_SCOPE),
+									  DatumGetInt32(resp->status));
+		if (stored)
+			ReleaseCurrentSubTransaction();
+		else
+			RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+		ReThrowError(edata);
+	}
+	PG_END_TRY();
+	return stored;
+}
+
 /*
  * idem_execute(tenant, scope, key, request jsonb, handler regproc,
  *				ttl interval, wait interval) RETURNS idempotency.reservation
@@ -265,20 +368,13 @@ idem_execute(PG_FUNCTION_ARGS)
 {
 	ExecCache  *cache;
 	Oid			handler;
-	LOCAL_FCINFO(call, 3);
 	Datum		reservation;
 	HeapTupleHeader th;
 	HeapTupleData tuple;
 	Datum		values[64];
 	bool		nulls[64];
 	char	   *outcome;
-	Datum		response;
-	bool		isnull;
-	Datum		status;
-	Datum		body;
-	bool		body_null;
-	Datum		headers;
-	bool		headers_null;
+	ExecResponse resp;
 
 	/* the key functions check the rest; these are idem_execute's own */
 	if (PG_ARGISNULL(EXEC_HANDLER))
@@ -311,41 +407,29 @@ idem_execute(PG_FUNCTION_ARGS)
 	if (strcmp(outcome, "created") != 0)
 		PG_RETURN_DATUM(reservation);
 
-	/* the handler, as the caller, with the caller's search_path */
-	InitFunctionCallInfoData(*call, &cache->handler_fn, 3, InvalidOid, NULL, NULL);
-	call->args[0].value = PG_GETARG_DATUM(EXEC_TENANT);
-	call->args[0].isnull = false;
-	call->args[1].value = PG_GETARG_DATUM(EXEC_KEY);
-	call->args[1].isnull = false;
-	call->args[2].value = PG_GETARG_DATUM(EXEC_REQUEST);
-	call->args[2].isnull = false;
-	response = FunctionCallInvoke(call);
-	status = (Datum) 0;
-	isnull = true;
-	if (!call->isnull)
-	{
-		th = DatumGetHeapTupleHeader(response);
-		status = GetAttributeByNum(th, 1, &isnull);
-	}
-	if (isnull)
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("handler %s returned no status", format_procedure(handler)),
-				 errhint("Return ROW(status, body, headers)::idempotency.response with an HTTP status from 100 to 599.")));
-	body = GetAttributeByNum(th, 2, &body_null);
-	headers = GetAttributeByNum(th, 3, &headers_null);
-
-	exec_complete(cache, fcinfo, status, body, body_null, headers, headers_null);
+	/*
+	 * The handler and the completion run in a subtransaction of their own.
+	 * When the response is stored it is released into the statement's
+	 * transaction.  When idem_complete releases the key instead, the
+	 * subtransaction is rolled back with everything the handler wrote, and
+	 * the key is released again in the statement's transaction: a response
+	 * that is not stored leaves nothing behind, so the retry it invites runs
+	 * the handler on a clean slate.  An error rolls the subtransaction back
+	 * and goes on to fail the statement.
+	 */
+	(void) exec_handle(cache, fcinfo, handler, &resp);
+	exec_complete(cache, fcinfo, resp.status, resp.body,
+						 resp.body_null, resp.headers, resp.headers_null);
 
 	/* "created", with the response the handler gave; the key is finished */
-	values[cache->col[COL_HTTP_STATUS]] = status;
+	values[cache->col[COL_HTTP_STATUS]] = resp.status;
 	nulls[cache->col[COL_HTTP_STATUS]] = false;
-	values[cache->col[COL_RESPONSE_CODE]] = status;
+	values[cache->col[COL_RESPONSE_CODE]] = resp.status;
 	nulls[cache->col[COL_RESPONSE_CODE]] = false;
-	values[cache->col[COL_RESPONSE_BODY]] = body;
-	nulls[cache->col[COL_RESPONSE_BODY]] = body_null;
-	values[cache->col[COL_RESPONSE_HEADERS]] = headers;
-	nulls[cache->col[COL_RESPONSE_HEADERS]] = headers_null;
+	values[cache->col[COL_RESPONSE_BODY]] = resp.body;
+	nulls[cache->col[COL_RESPONSE_BODY]] = resp.body_null;
+	values[cache->col[COL_RESPONSE_HEADERS]] = resp.headers;
+	nulls[cache->col[COL_RESPONSE_HEADERS]] = resp.headers_null;
 	nulls[cache->col[COL_LOCK_TOKEN]] = true;
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(cache->result_desc,
 													  values, nulls)));

@@ -2568,6 +2568,56 @@ keys_expiry_at_completion(KeyIdent *id, TimestampTz completed_at)
 }
 
 /*
+ * Whether a response with status "code" releases a key of a scope with
+ * "policy" instead of being stored: a code the scope lists in
+ * retryable_codes, or a 5xx the scope does not cache.
+ */
+static bool
+keys_policy_releases(const ScopePolicy *policy, int32 code)
+{
+	Assert(code >= 100 && code <= 599);
+	return (policy->retryable[RETRYABLE_WORD(code)] &
+			RETRYABLE_BIT(code)) != 0 ||
+		(code >= 500 && !policy->cache_server_errors);
+}
+
+/* (scope text, code int4) → bool: see idem_complete_stores. */
+static Datum
+keys_complete_stores_body(FunctionCallInfo fcinfo)
+{
+	char	   *scope = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	ScopePolicy policy;
+
+	keys_ensure_cache();
+	idem_spi_connect();
+	keys_scope_policy(scope, &policy, false);
+	SPI_finish();
+	PG_RETURN_BOOL(!keys_policy_releases(&policy, PG_GETARG_INT32(1)));
+}
+
+/*
+ * Whether idem_complete stores a response with status "code" for a key of
+ * "scope" (a text datum), false when it releases the key.  For
+ * idem_execute, which passes its own FmgrInfo: the scope's policy is read
+ * as the owner of that function, the extension's owner.  A code outside
+ * 100-599 counts as stored: idem_complete refuses it.
+ */
+bool
+idem_complete_stores(FmgrInfo *flinfo, Datum scope, int32 code)
+{
+	LOCAL_FCINFO(call, 2);
+
+	if (code < 100 || code > 599)
+		return true;
+	InitFunctionCallInfoData(*call, flinfo, 2, InvalidOid, NULL, NULL);
+	call->args[0].value = scope;
+	call->args[0].isnull = false;
+	call->args[1].value = Int32GetDatum(code);
+	call->args[1].isnull = false;
+	return DatumGetBool(idem_call_as_owner(call, keys_complete_stores_body));
+}
+
+/*
  * Store the response of a processing key, or delete the reservation: when
  * the caller says the failure is retryable, for a status code the scope
  * lists in retryable_codes, and for a 5xx the scope does not cache.  With
@@ -2590,9 +2640,7 @@ keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
 	/* completing needs no fingerprint_ignore: no copy of it */
 	keys_scope_policy(id->scope, &policy, false);
 	if (!retryable)
-		retryable = (policy.retryable[RETRYABLE_WORD(code)] &
-					 RETRYABLE_BIT(code)) != 0 ||
-			(code >= 500 && !policy.cache_server_errors);
+		retryable = keys_policy_releases(&policy, code);
 	if (retryable)
 	{
 		keys_delete_reservation(id, token, action);

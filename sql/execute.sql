@@ -73,6 +73,72 @@ AS $$ SELECT ROW(503, '{"error": "try later"}'::jsonb, NULL::jsonb)::idempotency
 SELECT :r FROM idem_execute('ex_a', 'POST /orders', 'k-5', '{}', 'ex.unavailable');
 SELECT count(*) AS keys FROM idempotency.keys WHERE idem_key = 'k-5';
 
+-- a handler that wrote, then answered a status that is not stored (a 5xx
+-- the scope does not cache, one of its retryable_codes): what it wrote is
+-- rolled back with the released key, so the retry it invites writes once
+CREATE FUNCTION ex.charge(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO ex.orders (tenant, idem_key, sku, qty) VALUES (tenant, key, 'charge', 1);
+    RETURN ROW((request ->> 'status')::int, '{}'::jsonb, NULL::jsonb)::idempotency.response;
+END
+$$;
+SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges', 'c-1', '{"status": 503}', 'ex.charge');
+SELECT count(*) AS orders, (SELECT count(*) FROM idem_lookup('ex_a', 'POST /charges', 'c-1')) AS keys
+  FROM ex.orders WHERE idem_key = 'c-1';
+SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges', 'c-1', '{"status": 201}', 'ex.charge');
+SELECT count(*) AS orders FROM ex.orders WHERE idem_key = 'c-1';
+SELECT (idem_configure_scope('POST /charges-cached', '{"cache_server_errors": true}')).scope;
+SELECT (idem_configure_scope('POST /charges-409', '{"retryable_codes": [409]}')).scope;
+-- stored: a cached 5xx, an ordinary 4xx; released: a retryable 409
+SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges-cached', 'c-2', '{"status": 503}', 'ex.charge');
+SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges-409', 'c-3', '{"status": 422}', 'ex.charge');
+SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges-409', 'c-4', '{"status": 409}', 'ex.charge');
+SELECT idem_key, count(*) AS orders FROM ex.orders WHERE idem_key IN ('c-2', 'c-3', 'c-4')
+ GROUP BY idem_key ORDER BY idem_key;
+SELECT idem_key, status, response_code FROM idempotency.keys
+ WHERE scope LIKE 'POST /charges%' ORDER BY idem_key;
+-- inside a transaction and a caller's savepoint: the released key and its
+-- rolled-back writes leave the caller's own work and savepoints intact
+BEGIN;
+INSERT INTO ex.calls (tenant, idem_key) VALUES ('ex_a', 'c-5-before');
+SAVEPOINT s1;
+SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges', 'c-5', '{"status": 500}', 'ex.charge');
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'c-6', '{"sku": "nope", "qty": 1}', 'ex.create_order')$$);
+SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges', 'c-7', '{"status": 201}', 'ex.charge');
+ROLLBACK TO SAVEPOINT s1;
+SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges', 'c-8', '{"status": 201}', 'ex.charge');
+COMMIT;
+SELECT idem_key, count(*) FROM ex.orders WHERE idem_key IN ('c-5', 'c-6', 'c-7', 'c-8')
+ GROUP BY idem_key ORDER BY idem_key;
+SELECT count(*) AS before_kept FROM ex.calls WHERE idem_key = 'c-5-before';
+SELECT idem_key, status FROM idempotency.keys WHERE idem_key IN ('c-5', 'c-6', 'c-7', 'c-8') ORDER BY idem_key;
+
+-- a prepared statement keeps the handler it resolved when it was prepared:
+-- dropped and created again, the handler is a new function (42883 with
+-- the way out); replaced in place, it is the same one
+CREATE FUNCTION ex.tmp(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE sql
+AS $$ SELECT ROW(200, '{"v": 1}'::jsonb, NULL::jsonb)::idempotency.response $$;
+PREPARE ex_call(text) AS
+SELECT outcome, response_body FROM idem_execute('ex_a', 'POST /tmp', $1, '{}', 'ex.tmp');
+EXECUTE ex_call('t-1');
+CREATE OR REPLACE FUNCTION ex.tmp(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE sql
+AS $$ SELECT ROW(200, '{"v": 2}'::jsonb, NULL::jsonb)::idempotency.response $$;
+EXECUTE ex_call('t-2');
+DROP FUNCTION ex.tmp(text, text, jsonb);
+CREATE FUNCTION ex.tmp(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE sql
+AS $$ SELECT ROW(200, '{"v": 3}'::jsonb, NULL::jsonb)::idempotency.response $$;
+SELECT regexp_replace(pg_temp.err($$EXECUTE ex_call('t-3')$$), 'OID [0-9]+', 'OID n');
+SELECT count(*) AS keys FROM idempotency.keys WHERE idem_key = 't-3';
+DEALLOCATE ex_call;
+PREPARE ex_call(text) AS
+SELECT outcome, response_body FROM idem_execute('ex_a', 'POST /tmp', $1, '{}', 'ex.tmp');
+EXECUTE ex_call('t-3');
+DEALLOCATE ex_call;
+
 -- bad handlers are refused before anything is written
 CREATE FUNCTION ex.wrong_args(request jsonb) RETURNS idempotency.response
 LANGUAGE sql AS $$ SELECT ROW(200, NULL::jsonb, NULL::jsonb)::idempotency.response $$;
