@@ -168,7 +168,7 @@ idem_guard_bypass(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(0))
 		idem_null_argument("reason");
 	reason = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	if (reason[0] == '\0')
+	if (reason[strspn(reason, " \t\n\r\f\v")] == '\0')
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("a coverage guard bypass needs a reason"),

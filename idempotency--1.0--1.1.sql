@@ -556,6 +556,16 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Pass a positive interval, or null for the default.';
         END IF;
+        -- a negative part makes the length depend on the date it is added
+        -- to ('-1 mon 30 days 23 hours' is positive in some months only)
+        IF extract(year FROM iv) * 12 + extract(month FROM iv) < 0
+           OR extract(day FROM iv) < 0
+           OR extract(hour FROM iv) * 3600 + extract(minute FROM iv) * 60
+              + extract(second FROM iv) < 0 THEN
+            RAISE EXCEPTION 'scope option "%" must have no negative part: "%"', opt, iv
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass the length without negative parts, such as "1 day" or "23 hours"; months and days vary in length.';
+        END IF;
         -- expires_at and the staleness of a lock are timestamps: keep them in range
         IF iv IS NULL OR iv > interval '1000 years' THEN
             RAISE EXCEPTION 'scope option "%" must be at most 1000 years', opt
@@ -632,7 +642,7 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'List the codes whose responses are never stored, so that a retry runs afresh, such as [408, 429, 503].';
         END IF;
-        SELECT pg_catalog.array_agg(DISTINCT (e #>> '{}')::int ORDER BY (e #>> '{}')::int) INTO p_retryable
+        SELECT pg_catalog.array_agg(DISTINCT (e #>> '{}')::numeric::int ORDER BY (e #>> '{}')::numeric::int) INTO p_retryable
           FROM pg_catalog.jsonb_array_elements(v) AS e;
     END IF;
 
@@ -655,7 +665,7 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Pass how many new keys a tenant may create at once before the rate applies, such as 100.';
         END IF;
-        p_burst := (v #>> '{}')::int;
+        p_burst := (v #>> '{}')::numeric::int;
     END IF;
     v := options -> 'max_live_keys';
     IF v IS NOT NULL AND v <> 'null' THEN
@@ -666,7 +676,7 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Pass how many unexpired keys a tenant may hold in this scope, such as 100000.';
         END IF;
-        p_max_live := (v #>> '{}')::int;
+        p_max_live := (v #>> '{}')::numeric::int;
     END IF;
 
     INSERT INTO idempotency.scopes AS s

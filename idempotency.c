@@ -444,6 +444,11 @@ idem_bind_tenant(PG_FUNCTION_ARGS)
 
 	idem_require_arg(fcinfo, 0, "role");
 	idem_require_arg(fcinfo, 1, "tenant");
+	if (!OidIsValid(PG_GETARG_OID(0)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("role must name a role"),
+				 errhint("Pass the role's name, such as 'app_acme'; '-' names no role.")));
 	if (VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(1)) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

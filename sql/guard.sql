@@ -146,6 +146,7 @@ SET ROLE guard_admin;
 SELECT idem_guard_bypass('backfill');
 BEGIN;
 SELECT pg_temp.err($$SELECT idem_guard_bypass('')$$);
+SELECT pg_temp.err($$SELECT idem_guard_bypass(E' \t ')$$);
 SELECT pg_temp.err($$SELECT idem_guard_bypass(NULL)$$);
 ROLLBACK;
 BEGIN;

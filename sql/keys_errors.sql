@@ -137,6 +137,9 @@ SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": 1e30}')$$)
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": 1e400}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": -1e400}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": "-1 day"}')$$);
+-- a negative part: positive with 30-day months, not in every month
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": "-1 mon 30 days 23 hours"}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"lock_timeout": "1 day -1 hour"}')$$);
 SELECT count(*) AS scopes_written FROM idempotency.scopes WHERE scope = 'ke_scope';
 
 -- the limits themselves are accepted, and a key in such a scope expires in range
@@ -144,6 +147,10 @@ SELECT ttl, lock_timeout FROM idem_configure_scope('ke_scope_max', '{"ttl": "100
 SELECT outcome, expires_at > now() + interval '999 years' AS far FROM idem_reserve('ke_a', 'ke_scope_max', 'far', '{}');
 DELETE FROM idempotency.keys WHERE tenant_id = 'ke_a' AND scope = 'ke_scope_max';
 DELETE FROM idempotency.scopes WHERE scope = 'ke_scope_max';
+-- whole numbers written with a fraction, as JSON encoders write floats
+SELECT retryable_codes, new_keys_burst, max_live_keys
+  FROM idem_configure_scope('ke_scope_float', '{"retryable_codes": [503.0, 429.00], "new_keys_burst": 10.0, "max_live_keys": 100.0}');
+DELETE FROM idempotency.scopes WHERE scope = 'ke_scope_float';
 
 -- none of the failed calls wrote anything
 SELECT count(*) - :rows_before AS new_rows FROM idempotency.keys

@@ -147,6 +147,8 @@ SELECT idem_unbind_tenant('sec_other') AS unbound, idem_unbind_tenant('sec_other
 SELECT pg_temp.try_as('sec_plain', $$SELECT idem_bind_tenant('sec_plain', 'x')$$) AS plain_binds;
 SELECT idem_bind_tenant('sec_bound', '');
 SELECT idem_bind_tenant(NULL, 'x');
+SELECT idem_bind_tenant('-', 'x');
+SELECT count(*) AS bindings_of_no_role FROM idempotency.tenant_bindings WHERE role = 0;
 
 DELETE FROM idempotency.keys WHERE tenant_id IN ('sec_t', 'acme', 'globex');
 DELETE FROM idempotency.outbox WHERE tenant_id IN ('sec_t', 'acme');
