@@ -241,6 +241,8 @@ DECLARE
     reclaimed pg_catalog.int8;
     reaped    pg_catalog.int8 := 0;
     purged    pg_catalog.int8 := 0;
+    reap_done  pg_catalog.bool := false;
+    purge_done pg_catalog.bool := false;
     started   pg_catalog.timestamptz;
 BEGIN
     IF time_budget IS NULL THEN
@@ -285,35 +287,37 @@ BEGIN
     reclaimed := idempotency.reclaim_leases();
     COMMIT;
 
+    -- then, taking turns, a batch of expired keys and a batch of delivered
+    -- outbox rows: a reap backlog that outlasts the budget must not starve
+    -- the purge (nor a purge backlog the reaper)
     LOOP
         started := pg_catalog.clock_timestamp();
-        n := idempotency.reap(batch_size);
-        reaped := reaped OPERATOR(pg_catalog.+) n;
-        COMMIT;
-        EXIT WHEN n OPERATOR(pg_catalog.<) batch_size
+        IF NOT reap_done THEN
+            n := idempotency.reap(batch_size);
+            reaped := reaped OPERATOR(pg_catalog.+) n;
+            COMMIT;
+            reap_done := n OPERATOR(pg_catalog.<) batch_size;
+        END IF;
+        IF NOT purge_done
+           AND pg_catalog.clock_timestamp() OPERATOR(pg_catalog.<) deadline THEN
+            n := idempotency.purge_outbox(batch_size);
+            purged := purged OPERATOR(pg_catalog.+) n;
+            COMMIT;
+            purge_done := n OPERATOR(pg_catalog.<) batch_size;
+        END IF;
+        EXIT WHEN (reap_done AND purge_done)
                OR pg_catalog.clock_timestamp() OPERATOR(pg_catalog.>=) deadline;
         IF batch_pause OPERATOR(pg_catalog.>) '0'::pg_catalog.interval THEN
-            -- rest at least batch_pause, and twice as long as the batch
+            -- rest at least batch_pause, and twice as long as the batches
             -- took: slow batches (a bloated table, a busy server) get
-            -- longer rests, so the reaper never takes more than a third of
-            -- the time it runs; but never past the deadline, and no batch
-            -- starts after it
+            -- longer rests, so maintenance never takes more than a third
+            -- of the time it runs; but never past the deadline, and no
+            -- batch starts after it
             PERFORM pg_catalog.pg_sleep_for(LEAST(GREATEST(batch_pause,
                 (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) started)
                     OPERATOR(pg_catalog.*) 2::pg_catalog.float8),
                 deadline OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp()));
             EXIT WHEN pg_catalog.clock_timestamp() OPERATOR(pg_catalog.>=) deadline;
-        END IF;
-    END LOOP;
-
-    WHILE pg_catalog.clock_timestamp() OPERATOR(pg_catalog.<) deadline LOOP
-        n := idempotency.purge_outbox(batch_size);
-        purged := purged OPERATOR(pg_catalog.+) n;
-        COMMIT;
-        EXIT WHEN n OPERATOR(pg_catalog.<) batch_size;
-        IF batch_pause OPERATOR(pg_catalog.>) '0'::pg_catalog.interval THEN
-            PERFORM pg_catalog.pg_sleep_for(LEAST(batch_pause,
-                deadline OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp()));
         END IF;
     END LOOP;
 

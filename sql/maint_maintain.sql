@@ -133,6 +133,24 @@ SELECT clock_timestamp() - :'t0' < interval '3 seconds' AS within_budget,
   FROM idempotency.keys WHERE expires_at < now();
 DELETE FROM idempotency.keys WHERE tenant_id = 'maint-b';
 
+-- a reap backlog that outlasts the budget does not starve the purge: the
+-- two take turns (this run reaps 10 keys a round for about 5 rounds, so
+-- expired keys remain, and still purges delivered rows)
+INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint, status,
+                              locked_at, expires_at)
+SELECT 'maint-t', 'orders', 'k' || g, sha256(g::text::bytea), 'succeeded',
+       now() - interval '2 hours', now() - interval '1 hour'
+  FROM generate_series(1, 300) g;
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
+                                max_attempts, done_at)
+SELECT 'maint-t', 'old', '{}', 'done', 1, 5, now() - interval '8 days'
+  FROM generate_series(1, 30);
+CALL idem_maintain('1 second', 10, '200 milliseconds');
+SELECT (SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'maint-t') > 0 AS keys_left_to_reap,
+       (SELECT count(*) FROM idempotency.outbox WHERE tenant_id = 'maint-t') < 30 AS purged_meanwhile;
+DELETE FROM idempotency.keys WHERE tenant_id = 'maint-t';
+DELETE FROM idempotency.outbox WHERE tenant_id = 'maint-t';
+
 -- errors, before anything is done
 CALL idem_maintain('0 seconds');
 CALL idem_maintain(NULL);
