@@ -4,6 +4,61 @@
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '1.1'" to load this file. \quit
 
 /*
+ * Grants an administrator made on 1.0's objects belong to the database.
+ * Those on the objects this update drops and creates again (the functions
+ * whose signature changes, the views it rebuilds) are collected here and
+ * made again at the end of the update; a role of theirs that may run
+ * idem_maintain also gets what 1.1's idem_maintain needs of its caller:
+ * USAGE on schema idempotency and EXECUTE on idempotency.maintain and the
+ * functions it calls.  Grants to PUBLIC and to the extension's own roles
+ * are the extension's business and are not carried over.
+ */
+SELECT pg_catalog.set_config('idempotency_update.grants',
+       COALESCE(pg_catalog.string_agg(DISTINCT g.stmt, E'\n'), ''), true)
+  FROM (SELECT pg_catalog.format('GRANT %s ON %s TO %I%s', a.privilege_type, o.target,
+                                 r.rolname,
+                                 CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END) AS stmt
+          FROM (VALUES ('@extschema@.idem_reserve(text, text, text, jsonb, interval, interval)', 'FUNCTION @extschema@.idem_reserve'),
+                       ('@extschema@.idem_reserve(text, text, text, bytea, interval, interval)', 'FUNCTION @extschema@.idem_reserve'),
+                       ('@extschema@.idem_complete(text, text, text, int, jsonb, jsonb, uuid)', 'FUNCTION @extschema@.idem_complete'),
+                       ('@extschema@.idem_lookup(text, text, text)', 'FUNCTION @extschema@.idem_lookup'),
+                       ('@extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int)', 'FUNCTION @extschema@.outbox_enqueue'),
+                       ('@extschema@.idem_stats()', 'FUNCTION @extschema@.idem_stats'))
+                 AS o(fn, target)
+          JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) o.fn::pg_catalog.regprocedure
+         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+          JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE a.grantee OPERATOR(pg_catalog.<>) p.proowner
+           AND r.rolname OPERATOR(pg_catalog.<>) ALL (ARRAY['idempotency_app', 'idempotency_worker',
+                                                            'idempotency_admin', 'pg_monitor']::pg_catalog.name[])
+        UNION ALL
+        SELECT pg_catalog.format('GRANT %s ON TABLE %s TO %I%s', a.privilege_type, o.target,
+                                 r.rolname,
+                                 CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)
+          FROM (VALUES ('idempotency.health'), ('idempotency.stats'), ('idempotency.dead_letters'))
+                 AS o(target)
+          JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) o.target::pg_catalog.regclass
+         CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a
+          JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE a.grantee OPERATOR(pg_catalog.<>) c.relowner
+           AND r.rolname OPERATOR(pg_catalog.<>) ALL (ARRAY['idempotency_app', 'idempotency_worker',
+                                                            'idempotency_admin', 'pg_monitor']::pg_catalog.name[])
+        UNION ALL
+        SELECT pg_catalog.format('GRANT %s TO %I', n.what, r.rolname)
+          FROM pg_catalog.pg_proc p
+         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+          JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         CROSS JOIN (VALUES ('USAGE ON SCHEMA idempotency'),
+                            ('EXECUTE ON PROCEDURE idempotency.maintain(interval, int, interval)'),
+                            ('EXECUTE ON FUNCTION idempotency.reap(int), idempotency.sweep(interval), idempotency.reclaim_leases(), idempotency.purge_outbox(int)'))
+                 AS n(what)
+         WHERE p.oid OPERATOR(pg_catalog.=) '@extschema@.idem_maintain(interval, int, interval)'::pg_catalog.regprocedure
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+           AND r.rolname OPERATOR(pg_catalog.<>) ALL (ARRAY['idempotency_app', 'idempotency_worker',
+                                                            'idempotency_admin', 'pg_monitor']::pg_catalog.name[])) g;
+
+/*
  * idem_reserve: one signature instead of the two overloads of 1.0, which an
  * untyped request (a psql literal, or a driver that sends parameters
  * untyped) matched both of (42725).  Exactly one of request and
@@ -1203,6 +1258,19 @@ COMMENT ON FUNCTION @extschema@.idem_citus_distribute(int) IS
 
 REVOKE ALL ON FUNCTION @extschema@.idem_citus_distribute(int) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.idem_citus_distribute(int) TO idempotency_admin;
+
+-- The grants collected at the start, made again on the objects of 1.1.
+DO $$
+DECLARE
+    stmt pg_catalog.text;
+BEGIN
+    FOREACH stmt IN ARRAY pg_catalog.string_to_array(
+            pg_catalog.current_setting('idempotency_update.grants'), E'\n') LOOP
+        CONTINUE WHEN stmt OPERATOR(pg_catalog.=) '';
+        EXECUTE stmt;
+    END LOOP;
+END
+$$;
 
 -- Grants an administrator made on 1.0's objects before the update (such as
 -- GRANT EXECUTE ON FUNCTION idem_reap(int) TO ops) belong to the database,

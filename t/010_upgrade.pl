@@ -21,18 +21,39 @@ my $current = $node->safe_psql('postgres',
 	"SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'");
 isnt($current, '1.0', "the current version ($current) is newer than 1.0");
 
-# an operator's grants, made on both databases after their install
+# an operator's grants, made on both databases after their install; on
+# 1.0 also grants on objects the update drops and creates again (a
+# signature that changes, a view it rebuilds) and on idem_maintain, which
+# in 1.1 needs more of its caller: the fresh database gets what the update
+# must carry them over to
 my $grants = q{
-GRANT EXECUTE ON FUNCTION idem_reap(int), idem_sweep(interval) TO ops;
+GRANT EXECUTE ON FUNCTION idem_reap(int), idem_sweep(interval), idem_reclaim_leases(), idem_purge_outbox(int) TO ops;
 GRANT SELECT ON idempotency.keys TO ops;
+GRANT SELECT ON idempotency.health TO ops WITH GRANT OPTION;
+GRANT EXECUTE ON PROCEDURE idem_maintain(interval, int, interval) TO ops;
+};
+my $grants_10 = $grants . q{
+GRANT EXECUTE ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval),
+                          idem_complete(text, text, text, int, jsonb, jsonb, uuid),
+                          idem_lookup(text, text, text) TO app1;
+};
+my $grants_11 = $grants . q{
+GRANT EXECUTE ON FUNCTION idem_reserve, idem_complete, idem_lookup TO app1;
+GRANT USAGE ON SCHEMA idempotency TO ops;
+GRANT EXECUTE ON PROCEDURE idempotency.maintain(interval, int, interval) TO ops;
+GRANT EXECUTE ON FUNCTION idempotency.reap(int), idempotency.sweep(interval),
+                          idempotency.reclaim_leases(), idempotency.purge_outbox(int) TO ops;
 };
 $node->safe_psql('postgres', 'CREATE ROLE ops LOGIN');
+$node->safe_psql('postgres', 'CREATE ROLE app1 LOGIN');
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', 'CREATE EXTENSION idempotency');
-$node->safe_psql('fresh', $grants);
+$node->safe_psql('fresh', $grants_11);
 $node->safe_psql('postgres', 'CREATE DATABASE old');
 $node->safe_psql('old', "CREATE EXTENSION idempotency VERSION '1.0'");
-$node->safe_psql('old', $grants);
+$node->safe_psql('old', $grants_10);
+is($node->safe_psql('old', 'CALL idem_maintain()', connstr => $node->connstr('old') . ' user=ops') // '',
+	'', 'on 1.0 the operator runs idem_maintain');
 is($node->safe_psql('old',
 		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
 	'1.0', 'the released 1.0 script installs');
@@ -91,7 +112,9 @@ my ($sret, $sout, $serr) =
 like($serr, qr/'CALL public\.idem_maintain\(/,
 	'scheduled before the update, the job calls 1.0\'s idem_maintain');
 
-$node->safe_psql('old', 'ALTER EXTENSION idempotency UPDATE');
+my ($uret, $uout, $update_notices) =
+  $node->psql('old', 'ALTER EXTENSION idempotency UPDATE');
+is($uret, 0, 'the update runs') or diag($update_notices);
 ($sret, $sout, $serr) =
   $node->psql('old', 'SELECT idem_schedule_maintenance()');
 like($serr, qr/'CALL idempotency\.maintain\(/,
@@ -105,6 +128,14 @@ my $fresh = catalog_snapshot($node, 'fresh');
 my $updated = catalog_snapshot($node, 'old');
 ok(length($fresh) > 1000, 'the catalog snapshot lists the extension objects');
 is($updated, $fresh, 'an updated database has the objects of a fresh install');
+
+# (b) the grants on objects the update replaced were carried over, and the
+# operator still runs maintenance, the application still reserves
+is($node->safe_psql('old', 'CALL idem_maintain()', connstr => $node->connstr('old') . ' user=ops') // '',
+	'', 'after the update the operator still runs idem_maintain');
+is($node->safe_psql('old', q{SELECT outcome FROM idem_reserve('acme', 'pay', 'app1-1', '{"amount": 3}')},
+		connstr => $node->connstr('old') . ' user=app1'),
+	'created', 'and the application role its grant on idem_reserve');
 
 # (b) the old data works with the new version
 is($node->safe_psql('old', q{
@@ -139,7 +170,12 @@ for my $db ('old', 'fresh')
 SELECT has_function_privilege('ops', 'idem_reap(int)', 'EXECUTE') AND
        has_function_privilege('ops', 'idem_sweep(interval)', 'EXECUTE') AND
        has_table_privilege('ops', 'idempotency.keys', 'SELECT') AND
-       NOT has_function_privilege('ops', 'idem_purge_outbox(int)', 'EXECUTE')}),
+       has_table_privilege('ops', 'idempotency.health', 'SELECT WITH GRANT OPTION') AND
+       has_schema_privilege('ops', 'idempotency', 'USAGE') AND
+       has_function_privilege('ops', 'idempotency.maintain(interval, int, interval)', 'EXECUTE') AND
+       has_function_privilege('app1', 'idem_reserve(text, text, text, jsonb, interval, interval, bytea)', 'EXECUTE') AND
+       NOT has_function_privilege('ops', 'idem_resolve(text, text, text, int, jsonb)', 'EXECUTE') AND
+       NOT has_function_privilege('app1', 'outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text)', 'EXECUTE')}),
 		't', "$db: the operator's grants are restored, and only those");
 }
 
