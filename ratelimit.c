@@ -31,6 +31,19 @@
  * a count starts (one per other connection), however slow the count, and
  * a sprayer at its quota costs one count a second.
  *
+ * A new entry (after a restart, or once the full table was emptied) knows
+ * nothing of the pair's keys, so its first new key must count them whatever
+ * the quota.  One backend claims that count, as at the quota (the same
+ * compare-and-swap on recount_at); the pair's other new keys wait for it on
+ * a condition variable rather than each count the same keys (a big tenant's
+ * count takes a while, and a burst of its requests would run as many at
+ * once), then take their key from it as usual.  They wait a few
+ * milliseconds at a time, without the lock, finding the entry again each
+ * time (it may have been emptied meanwhile).  A count that never lands (its
+ * backend failed or was canceled) holds its claim until recount_at, after
+ * which the next waiter claims the count itself: nobody waits longer than
+ * about a second and one count.
+ *
  * The state is soft: it is lost at a restart.  It needs the library in
  * shared_preload_libraries; a scope that sets a rate without it is an
  * error (55000) rather than a limit silently not applied.
@@ -45,11 +58,13 @@
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "port/atomics.h"
+#include "storage/condition_variable.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/hsearch.h"
 #include "utils/timestamp.h"
+#include "utils/wait_event.h"
 
 #include "idempotency.h"
 
@@ -72,14 +87,19 @@ typedef struct RateEntry
 	RateKey		key;			/* hash key: must be first */
 	pg_atomic_uint64 tat;		/* theoretical arrival time, microseconds */
 	pg_atomic_uint64 live;		/* live keys: last count + admitted since */
-	pg_atomic_uint64 recount_at;	/* no count before, microseconds */
+	pg_atomic_uint64 recount_at;	/* no count before (claimed until),
+									 * microseconds */
 	pg_atomic_uint64 expiry;	/* earliest expiry at the last count, or 0 */
 	pg_atomic_uint64 admitted;	/* keys admitted under the quota, ever */
 } RateEntry;
 
+/* a new key of a pair whose count runs waits this long at a time */
+#define COUNT_WAIT_MS 10
+
 typedef struct RateShared
 {
 	LWLock	   *lock;
+	ConditionVariable counted;	/* a count of some pair's keys landed */
 } RateShared;
 
 static RateShared *rate_state = NULL;
@@ -111,8 +131,11 @@ rate_shmem_startup(void)
 	rate_state = ShmemInitStruct("idempotency rate limits",
 								 sizeof(RateShared), &found);
 	if (!found)
+	{
 		rate_state->lock =
 			&(GetNamedLWLockTranche("idempotency rate limits"))->lock;
+		ConditionVariableInit(&rate_state->counted);
+	}
 	memset(&info, 0, sizeof(info));
 	info.keysize = sizeof(RateKey);
 	info.entrysize = sizeof(RateEntry);
@@ -284,6 +307,20 @@ quota_retry_after(RateEntry *entry, int64 now)
 }
 
 /*
+ * Claim the next count of the pair's keys for this backend: true at most
+ * once per RECOUNT_INTERVAL, however many backends ask at once.
+ */
+static bool
+quota_claim_count(RateEntry *entry, int64 now)
+{
+	uint64		recount_at = pg_atomic_read_u64(&entry->recount_at);
+
+	return now >= (int64) recount_at &&
+		pg_atomic_compare_exchange_u64(&entry->recount_at, &recount_at,
+									   (uint64) (now + RECOUNT_INTERVAL));
+}
+
+/*
  * Take one key from the room left under "max_live"; when none is left,
  * the answer is QUOTA_RECOUNT if this backend may count now (it claims the
  * count), else QUOTA_FULL.
@@ -291,8 +328,6 @@ quota_retry_after(RateEntry *entry, int64 now)
 static IdemQuota
 quota_take(RateEntry *entry, int64 max_live, int64 now, int *retry_after_s)
 {
-	uint64		recount_at;
-
 	/* admitted first, then live: see idem_quota_recounted */
 	(void) pg_atomic_fetch_add_u64(&entry->admitted, 1);
 	if ((int64) pg_atomic_fetch_add_u64(&entry->live, 1) < max_live)
@@ -300,13 +335,25 @@ quota_take(RateEntry *entry, int64 max_live, int64 now, int *retry_after_s)
 	(void) pg_atomic_fetch_sub_u64(&entry->live, 1);
 	(void) pg_atomic_fetch_sub_u64(&entry->admitted, 1);
 
-	recount_at = pg_atomic_read_u64(&entry->recount_at);
-	if (now >= (int64) recount_at &&
-		pg_atomic_compare_exchange_u64(&entry->recount_at, &recount_at,
-									   (uint64) (now + RECOUNT_INTERVAL)))
+	if (quota_claim_count(entry, now))
 		return IDEM_QUOTA_RECOUNT;
 	*retry_after_s = quota_retry_after(entry, now);
 	return IDEM_QUOTA_FULL;
+}
+
+/* What a new key waiting for its pair's count shows in pg_stat_activity */
+static uint32
+quota_wait_event(void)
+{
+#if PG_VERSION_NUM >= 170000
+	static uint32 wait_event = 0;
+
+	if (wait_event == 0)
+		wait_event = WaitEventExtensionNew("IdempotencyQuotaCount");
+	return wait_event;
+#else
+	return PG_WAIT_EXTENSION;
+#endif
 }
 
 /*
@@ -315,23 +362,56 @@ quota_take(RateEntry *entry, int64 max_live, int64 now, int *retry_after_s)
  *		live keys: IDEM_QUOTA_ADMITTED, IDEM_QUOTA_FULL (with
  *		*retry_after_s set), or IDEM_QUOTA_RECOUNT: the caller counts the
  *		pair's live keys and passes the count and the idem_quota_mark read
- *		just before it to idem_quota_recounted, which decides.  Raises
- *		55000 when the library was not preloaded.
+ *		just before it to idem_quota_recounted, which decides.  While the
+ *		pair's live keys are unknown, one caller counts them and the others
+ *		wait for its count (see the top of the file).  Raises 55000 when the
+ *		library was not preloaded.
  */
 IdemQuota
 idem_quota_admit(const char *tenant, const char *scope, int64 max_live,
 				 int *retry_after_s)
 {
-	RateEntry  *entry;
-	int64		now = (int64) GetCurrentTimestamp();
 	IdemQuota	answer;
+	bool		waited = false;
 
-	entry = rate_entry_locked(tenant, scope, "max_live_keys");
-	if ((int64) pg_atomic_read_u64(&entry->live) == LIVE_UNKNOWN)
-		answer = IDEM_QUOTA_RECOUNT;
-	else
-		answer = quota_take(entry, max_live, now, retry_after_s);
+	for (;;)
+	{
+		RateEntry  *entry;
+		int64		now = (int64) GetCurrentTimestamp();
+
+		/* found again after each wait: the table may have been emptied */
+		entry = rate_entry_locked(tenant, scope, "max_live_keys");
+		if ((int64) pg_atomic_read_u64(&entry->live) != LIVE_UNKNOWN)
+		{
+			answer = quota_take(entry, max_live, now, retry_after_s);
+			break;
+		}
+
+		/*
+		 * Unknown: the first to come counts, and so does the next once that
+		 * claim has passed (its count did not land).
+		 */
+		if (quota_claim_count(entry, now))
+		{
+			answer = IDEM_QUOTA_RECOUNT;
+			break;
+		}
+		LWLockRelease(rate_state->lock);
+
+		/*
+		 * Another backend counts: wait for its idem_quota_recounted.  The
+		 * first call only puts this backend on the wait list and returns,
+		 * and the timeout covers a count that fails; interrupts are
+		 * served.
+		 */
+		(void) ConditionVariableTimedSleep(&rate_state->counted,
+										   COUNT_WAIT_MS,
+										   quota_wait_event());
+		waited = true;
+	}
 	LWLockRelease(rate_state->lock);
+	if (waited)
+		(void) ConditionVariableCancelSleep();
 	return answer;
 }
 
@@ -398,5 +478,8 @@ idem_quota_recounted(const char *tenant, const char *scope, int64 max_live,
 		*retry_after_s = quota_retry_after(entry, now);
 	}
 	LWLockRelease(rate_state->lock);
+
+	/* the new keys waiting for this count take theirs from it */
+	ConditionVariableBroadcast(&rate_state->counted);
 	return admitted;
 }

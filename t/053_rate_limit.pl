@@ -1,7 +1,9 @@
 # Key spraying: one tenant creates keys as fast as it can from several
 # connections while another tenant sends ordinary requests.  The sprayer
 # gets exactly its burst of new keys and rate_limited for the rest, nothing
-# written; the other tenant's requests all pass.  Without the library in
+# written; the other tenant's requests all pass.  A quota of live keys holds
+# under the same storm, and after a restart one count of a big tenant's keys
+# serves all of its concurrent new keys.  Without the library in
 # shared_preload_libraries a scope that sets a rate is refused (55000).
 use strict;
 use warnings;
@@ -10,7 +12,7 @@ use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use IdemTest qw(new_idem_node);
+use IdemTest qw(new_idem_node run_in);
 
 my $node = new_idem_node('rate_limit');
 my $dir = tempdir(CLEANUP => 1);
@@ -116,6 +118,75 @@ is($node->safe_psql('postgres',
 		"SELECT (created + rate_limited)::text || ' ' || (created = $sprayed)::text"
 		  . " FROM idem_stats() WHERE tenant = 'spray' AND scope = 'POST /v1/refunds'"),
 	'1060 true', 'every other reservation was answered rate_limited');
+
+# a cold quota: after a restart (as after the full table was emptied) a
+# pair's live keys are unknown until they are counted, and one count of a
+# tenant's keys serves all of the tenant's new keys that arrive meanwhile:
+# the others wait for it rather than each count the same keys again
+$node->safe_psql('postgres', q{
+	SELECT idem_configure_scope('POST /v1/payouts', '{"max_live_keys": 1000000}')});
+my $big = 50000;
+$node->safe_psql('postgres', qq{
+	INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint,
+	       status, response_code, completed_at, expires_at)
+	SELECT 'big', 'POST /v1/payouts', 'old-' || g, sha256(g::text::bytea),
+	       'succeeded', 201, now(), now() + interval '1 day'
+	  FROM generate_series(1, $big) g;
+	ANALYZE idempotency.keys});
+$node->restart;
+
+# every count reads each of the tenant's keys, whatever its plan; a new
+# key's own reads fetch at most one row
+sub keys_fetched
+{
+	return $node->safe_psql('postgres', q{
+		SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables
+		 WHERE relid = 'idempotency.keys'::regclass});
+}
+
+my $racers = 8;
+my $holder = $node->background_psql('postgres');
+$holder->query_safe('SELECT pg_advisory_lock(4242)');
+my @sessions;
+for my $i (1 .. $racers)
+{
+	my $session = $node->background_psql('postgres', on_error_stop => 0);
+	# its plans prepared and the scope read beforehand, in a pair of its own
+	$session->query_safe(
+		"SELECT outcome FROM idem_reserve('warm-$i', 'POST /v1/payouts', 'w', '{}')");
+	push @sessions, $session;
+}
+my $before = keys_fetched();
+for my $i (1 .. $racers)
+{
+	# all wait for the advisory lock, then reserve at the same moment; the
+	# statistics are written when each transaction ends
+	$sessions[ $i - 1 ]->query_until(qr/waiting/, qq{\\echo waiting
+BEGIN;
+SELECT pg_advisory_xact_lock_shared(4242) \\g /dev/null
+SELECT pg_stat_force_next_flush() \\g /dev/null
+SELECT outcome FROM idem_reserve('big', 'POST /v1/payouts', 'new-$i', '{}');
+COMMIT;
+});
+}
+ok($node->poll_query_until('postgres', qq{
+	SELECT count(*) = $racers FROM pg_locks
+	 WHERE locktype = 'advisory' AND NOT granted}),
+	'the new keys of a cold pair wait to be reserved at once');
+$holder->query_safe('SELECT pg_advisory_unlock(4242)');
+my @outcomes;
+for my $session (@sessions)
+{
+	my ($out, $err) = run_in($session, q{SELECT 'done'});
+	push @outcomes, $out;
+	is($err, '', 'the reservation raised no error');
+	$session->quit;
+}
+$holder->quit;
+is(join(',', @outcomes), join(',', ("created\ndone") x $racers),
+	'every new key of the cold pair was created');
+is(int((keys_fetched() - $before) / $big), 1,
+	"$racers new keys of a cold pair counted the tenant's keys once");
 $node->stop;
 
 # without shared memory the limit cannot be kept: refused, not ignored
