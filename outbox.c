@@ -1564,6 +1564,26 @@ outbox_claim_args(FunctionCallInfo fcinfo, char **worker, int32 *batch,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("topics must not contain NULL"),
 					 errhint("Pass the topics this worker delivers, such as '{payment.capture}', or NULL for every topic.")));
+		/* nor can a name outbox_enqueue refuses as a topic */
+		{
+			ArrayIterator it = array_create_iterator(topics, 0, NULL);
+			Datum		t;
+			bool		isnull;
+
+			while (array_iterate(it, &t, &isnull))
+			{
+				int			len = VARSIZE_ANY_EXHDR(DatumGetPointer(t));
+
+				if (len == 0 || len > OUTBOX_MAX_TOPIC_LEN)
+					ereport(ERROR,
+							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+							 errmsg("every topic in topics must be 1 to %d bytes long",
+									OUTBOX_MAX_TOPIC_LEN),
+							 errdetail("outbox_enqueue refuses such a topic, so no row can have it."),
+							 errhint("Pass the topics this worker delivers, such as '{payment.capture}', or NULL for every topic.")));
+			}
+			array_free_iterator(it);
+		}
 	}
 	if (!PG_ARGISNULL(4))
 	{
@@ -2454,6 +2474,20 @@ outbox_fenced_returning(SPIPlanPtr plan, Datum *values, const char *nulls,
 }
 
 /*
+ * The error of a nack (argument 3): required, since last_error is what an
+ * operator reads on a dead letter, and a NULL would erase the one before.
+ */
+static void
+outbox_require_error(FunctionCallInfo fcinfo)
+{
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("error must not be null"),
+				 errhint("Pass what went wrong, such as 'HTTP 503 from the provider': the row keeps it as last_error, and a dead letter shows it.")));
+}
+
+/*
  * outbox_nack(tenant text, id bigint, lease_token uuid, error text,
  *			   retry_in interval) RETURNS idempotency.outbox_status
  *
@@ -2479,6 +2513,7 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 	tenant = outbox_tenant_arg(fcinfo, 0);
 	idem_require_arg(fcinfo, 1, "id");
 	idem_require_arg(fcinfo, 2, "lease_token");
+	outbox_require_error(fcinfo);
 	id = PG_GETARG_INT64(1);
 	if (!PG_ARGISNULL(4))
 		idem_check_interval(PG_GETARG_INTERVAL_P(4), "retry_in", true,
@@ -2744,6 +2779,7 @@ idem_outbox_nack_many(PG_FUNCTION_ARGS)
 	outbox_require_set_context(fcinfo, "outbox_nack_many");
 	tenant = outbox_tenant_arg(fcinfo, 0);
 	n = outbox_batch_args(fcinfo, values);
+	outbox_require_error(fcinfo);
 	if (!PG_ARGISNULL(4))
 		idem_check_interval(PG_GETARG_INTERVAL_P(4), "retry_in", true,
 							"Pass '0' to retry at once, or NULL for exponential backoff.");

@@ -86,7 +86,8 @@ SELECT k.processing,
        (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(o.available_at)
                    AS outbox_oldest_pending_age
           FROM idempotency.outbox o
-         WHERE o.status OPERATOR(pg_catalog.=) 'pending'
+         WHERE o.status OPERATOR(pg_catalog.=) ANY (
+                   ARRAY['pending', 'leased']::idempotency.outbox_status[])
            AND o.available_at OPERATOR(pg_catalog.<=) pg_catalog.now()) oa,
        (SELECT pg_catalog.count(*) AS outbox_leased
           FROM idempotency.outbox o

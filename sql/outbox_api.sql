@@ -107,6 +107,8 @@ SELECT pg_temp.outbox_error($$SELECT * FROM outbox_claim('w', 10, '1 minute', to
 SELECT pg_temp.outbox_error($$SELECT * FROM outbox_claim('w', 10, '1 minute', topics => '{NULL}')$$);
 SELECT pg_temp.outbox_error($$SELECT * FROM outbox_claim('w', 1, '1 minute', topics => '{obx.sms,NULL}')$$);
 SELECT pg_temp.outbox_error($$SELECT * FROM outbox_claim('w', 10, '1 minute', topics => '{{obx.mail},{obx.sms}}')$$);
+SELECT pg_temp.outbox_error($$SELECT * FROM outbox_claim('w', 10, '1 minute', topics => ARRAY['obx.mail', ''])$$);
+SELECT pg_temp.outbox_error($$SELECT * FROM outbox_claim('w', 10, '1 minute', topics => ARRAY[repeat('t', 256)])$$);
 DELETE FROM idempotency.outbox WHERE tenant_id IN ('obx_a', 'obx_b');
 
 -- a backlog of one topic does not slow down the workers of another: a

@@ -57,7 +57,7 @@ SELECT id = :id AS same_row, tenant_id, topic, idem_scope, idem_key, attempts, m
   FROM idempotency.dead_letters WHERE tenant_id = 'obx_r';
 -- finishing a dead row is refused
 SELECT pg_temp.outbox_error(format('SELECT outbox_ack(%L, %s, %L)', 'obx_r', :id, :'token'));
-SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, NULL)', 'obx_r', :id, :'token'));
+SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, %L)', 'obx_r', :id, :'token', 'x'));
 
 -- requeue: pending again, attempts reset, due now, the last error kept
 SELECT outbox_requeue('obx_r', :id);
@@ -72,7 +72,7 @@ SELECT pg_temp.outbox_error('SELECT outbox_requeue(NULL, 1)');
 SELECT pg_temp.outbox_error('SELECT outbox_requeue(''obx_r'', NULL)');
 SET idempotency.tenant = 'obx_other';
 SELECT pg_temp.outbox_error(format('SELECT outbox_requeue(%L, %s)', 'obx_r', :id));
-SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, NULL)', 'obx_r', :id, :'token'));
+SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, %L)', 'obx_r', :id, :'token', 'x'));
 RESET idempotency.tenant;
 -- the requeued row is delivered like any other
 SELECT lease_token AS token FROM outbox_claim('w2', 1, '1 minute', tenant => 'obx_r') \gset
@@ -122,16 +122,19 @@ END $$;
 SELECT count(*) AS nacks, min(delay) >= interval '30 minutes' AS at_least_half,
        max(delay) < interval '1 hour' AS below_cap
   FROM delays;
--- retry_in must not be negative; '0' retries at once; the error may be NULL
+-- retry_in must not be negative; '0' retries at once; the error is
+-- required (it is what the dead letter keeps), in a batch too
 SELECT pg_temp.make_due(id) FROM idempotency.outbox WHERE tenant_id = 'obx_r' LIMIT 1;
 SELECT id, lease_token AS token FROM outbox_claim('w', 1, '1 minute', tenant => 'obx_r') \gset
 SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, %L, %L)', 'obx_r', :id, :'token', 'x', '-1 second'));
 SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, %L, %L)', 'obx_r', :id, :'token', 'x', '178000000 years'));
 SELECT pg_temp.outbox_error(format('SELECT * FROM outbox_nack_many(%L, ARRAY[%s], ARRAY[%L]::uuid[], %L, %L)', 'obx_r', :id, :'token', 'x', '1001 years'));
-SELECT outbox_nack('obx_r', :id, :'token', NULL, '0');
+SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, NULL, %L)', 'obx_r', :id, :'token', '0'));
+SELECT pg_temp.outbox_error(format('SELECT * FROM outbox_nack_many(%L, ARRAY[%s], ARRAY[%L]::uuid[], NULL)', 'obx_r', :id, :'token'));
+SELECT outbox_nack('obx_r', :id, :'token', 'HTTP 503', '0');
 SELECT status, last_error, available_at <= now() AS due FROM idempotency.outbox WHERE id = :id;
-SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, NULL)', 'obx_r', -1, gen_random_uuid()));
-SELECT pg_temp.outbox_error('SELECT outbox_nack(''obx_r'', 1, NULL, NULL)');
+SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, %L)', 'obx_r', -1, gen_random_uuid(), 'x'));
+SELECT pg_temp.outbox_error('SELECT outbox_nack(''obx_r'', 1, NULL, ''x'')');
 DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_r';
 
 -- an expired lease makes the row claimable again; the reclaim counts the

@@ -68,6 +68,15 @@ SELECT processing,
        outbox_leased,
        outbox_dead
   FROM idempotency.health;
+-- a row whose lease ran out two hours ago (its worker died) is due again:
+-- its wait counts from the end of the lease
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
+                                max_attempts, available_at, lease_until, lease_token)
+VALUES ('stats-a', 'abandoned', '{}', 'leased', 1, 5, now() - interval '2 hours',
+        now() - interval '2 hours', gen_random_uuid());
+SELECT outbox_oldest_pending_age >= interval '2 hours' AS abandoned_lease_counts
+  FROM idempotency.health;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'stats-a' AND topic = 'abandoned';
 
 -- the outbox's figures come from its partial indexes: they cost what the
 -- backlog holds, not the delivered rows kept for outbox_retention
