@@ -662,6 +662,48 @@ maint_require_pg_cron(const char *sql_there)
 					 crondb, sql_there)));
 }
 
+/* The hint for a schedule pg_cron cannot take. */
+#define SCHEDULE_HINT "Pass a cron schedule of five fields, such as '* * * * *' (every minute) or '*/5 * * * *'; pg_cron runs a job at most once a minute."
+
+/*
+ * Whether "schedule" has the shape of a pg_cron schedule: five fields, an
+ * @macro (@hourly, @daily ...) or an interval of seconds ("30 seconds").
+ * pg_cron checks the fields themselves; this catches, before the hint of
+ * another database passes one on, a schedule that cannot be one at all,
+ * such as "every minute".
+ */
+static bool
+maint_schedule_shaped(const char *schedule)
+{
+	const char *p = schedule;
+	int			fields = 0;
+	char		first[32] = "";
+	char		second[32] = "";
+
+	while (*p)
+	{
+		const char *start;
+
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (*p == '\0')
+			break;
+		start = p;
+		while (*p && *p != ' ' && *p != '\t')
+			p++;
+		if (fields < 2)
+			strlcpy(fields == 0 ? first : second, start,
+					Min((size_t) (p - start) + 1, sizeof(first)));
+		fields++;
+	}
+	if (fields == 5)
+		return true;
+	if (fields == 1 && first[0] == '@')
+		return true;
+	return fields == 2 && strspn(first, "0123456789") == strlen(first) &&
+		(strcmp(second, "second") == 0 || strcmp(second, "seconds") == 0);
+}
+
 /*
  * idem_schedule_maintenance
  *		SQL: idem_schedule_maintenance(schedule text DEFAULT '* * * * *')
@@ -694,6 +736,11 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 				 errhint("Pass a cron schedule such as '* * * * *' (every minute), or no argument for that default.")));
 
 	schedule = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (!maint_schedule_shaped(schedule))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid schedule: %s", schedule),
+				 errhint(SCHEDULE_HINT)));
 	jobname = maint_cron_job_name();
 	command = maint_job_command(fcinfo);
 	dbname = get_database_name(MyDatabaseId);
@@ -728,7 +775,7 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 			edata->hint != NULL)
 			PG_RE_THROW();
 		FlushErrorState();
-		edata->hint = pstrdup("Pass a cron schedule of five fields, such as '* * * * *' (every minute) or '*/5 * * * *'; pg_cron runs a job at most once a minute.");
+		edata->hint = pstrdup(SCHEDULE_HINT);
 		ReThrowError(edata);
 	}
 	PG_END_TRY();

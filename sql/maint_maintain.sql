@@ -166,6 +166,11 @@ SELECT idem_purge_outbox(-1);
 -- t/052_stats_restart.pl check both), the statement does not.
 SELECT pg_temp.hinted_statement('SELECT idem_schedule_maintenance()');
 SELECT pg_temp.hinted_statement($$SELECT idem_schedule_maintenance('*/5 * * * *')$$);
+-- a schedule that cannot be one is refused here, before the hint would
+-- pass it on to pg_cron's database; the other shapes pg_cron takes pass
+SELECT s, pg_temp.sqlstate_of(format('SELECT idem_schedule_maintenance(%L)', s))
+  FROM unnest(ARRAY['every minute', '* * * *', '* * * * * *', '', 'soon seconds',
+                    '@hourly', '30 seconds', ' 0  3 * * 1 ']) AS s;
 SELECT pg_temp.hinted_statement('SELECT idem_unschedule_maintenance()');
 SELECT idem_schedule_maintenance(NULL);
 SELECT stmt, pg_temp.sqlstate_of(stmt) FROM (VALUES
