@@ -31,7 +31,12 @@ provider timed out or answered 5xx) is completed with retryable => true: the
 key is released when the transaction commits, the client is answered 503,
 and its retry with the same key runs afresh (and the provider, seeing the
 same key again, does not authorize twice).  Either way the completion goes
-out in the second round trip, like a success.
+out in the second round trip, like a success.  When the provider answers
+422 (it holds the key for another body: an earlier attempt with that body
+reached it, and its answer was lost), the client gets 422 and the key is
+released, so a retry with the first body gets the provider's answer to
+that one.  A key whose stored answer has expired (its ttl) already made a
+charge: payments.charges keeps one per key and the retry is answered 409.
 
 Answers follow the IETF Idempotency-Key header draft and Stripe's behaviour:
 missing key 400, concurrent duplicate 409 with Retry-After, same key with a
@@ -170,7 +175,8 @@ def parse_charge(raw):
         text = raw.decode("utf-8")
         # decimals stay exact: 12.50 is not turned into a binary float
         body = json.loads(text or "null", parse_float=Decimal)
-    except ValueError:
+    except (ValueError, RecursionError):
+        # RecursionError: nested deeper than the parser goes
         raise Problem(400, "Invalid JSON", "The request body is not valid JSON.")
     if not isinstance(body, dict):
         raise Problem(400, "Invalid request", "The request body must be a JSON object.")
@@ -209,6 +215,10 @@ def authorize(tenant, key, amount, currency, customer):
     except urllib.error.HTTPError as e:
         if e.code == 402:
             return json.loads(e.read())
+        if e.code == 422:
+            # the provider holds this key for another request: an earlier
+            # attempt with another body reached it, and its answer was lost
+            return {"status": "key_reused"}
         # a 5xx; or a 4xx, which no retry of the request would change, but
         # nothing was authorized either: the key is released all the same
         raise ProviderUnavailable("HTTP %d" % e.code)
@@ -248,11 +258,22 @@ def create_charge(tenant, key, request_text, amount, currency, customer):
     """
     try:
         return charge_transaction(tenant, key, request_text, amount, currency, customer)
-    except psycopg.OperationalError:
+    except psycopg.OperationalError as e:
+        if not connection_lost(e):
+            raise
         # most often a pooled connection a database restart broke: drop
         # the broken ones, then one more go (with the same key)
         POOL.check()
         return charge_transaction(tenant, key, request_text, amount, currency, customer)
+
+
+def connection_lost(e):
+    """Whether a database error means the connection, not the request,
+    failed.  psycopg files some errors of the request under
+    OperationalError too (54000 request too large, 40001 serialization
+    failure): those are answered, not retried."""
+    state = e.sqlstate
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
 def charge_transaction(tenant, key, request_text, amount, currency, customer):
@@ -285,6 +306,12 @@ def charge_transaction(tenant, key, request_text, amount, currency, customer):
             answer = Answer.of(Problem(503, "Payment provider unavailable",
                                        "The payment provider did not answer; retry with "
                                        "the same Idempotency-Key.", {"Retry-After": "1"}))
+            retryable = True
+        elif auth["status"] == "key_reused":
+            # released, not stored: the retry with the first body gets the
+            # provider's answer to that one
+            answer = Answer.of(Problem(422, "Idempotency-Key reused",
+                                       "This Idempotency-Key was used with a different request body."))
             retryable = True
         elif auth["status"] != "authorized":
             # permanent: stored, and replayed to every retry
@@ -327,6 +354,12 @@ def problem_from_database(e):
         return Problem(413, "Request too large", message)
     if state == "40001":
         return Problem(409, "Conflict", "Retry the request.", {"Retry-After": "1"})
+    if state == "23505":
+        # payments.charges has one charge per key: this key made a charge
+        # whose stored answer has since expired (the key's ttl)
+        return Problem(409, "Idempotency-Key already used",
+                       "A charge was made with this Idempotency-Key and its answer is "
+                       "no longer kept; use a new key for a new charge.")
     sys.stderr.write("payments: database error %s: %s\n" % (state, e))
     return Problem(503, "Service unavailable",
                    "The request could not be completed; retry with the same "
@@ -404,13 +437,17 @@ def post_charge(tenant: str = Depends(tenant_of), key: str = Depends(idempotency
     text, amount, currency, customer = parse_charge(raw)
     try:
         answer = create_charge(tenant, key, text, amount, currency, customer)
-    except (psycopg.OperationalError, PoolTimeout):
-        # the database is unreachable (or every connection is busy): fail
-        # closed, charge nothing
+    except PoolTimeout:
+        # every connection is busy: fail closed, charge nothing
         raise Problem(503, "Service unavailable",
                       "The payments database is unreachable; retry with the same "
                       "Idempotency-Key.", {"Retry-After": "1"})
     except psycopg.Error as e:
+        if connection_lost(e):
+            # the database is unreachable: fail closed, charge nothing
+            raise Problem(503, "Service unavailable",
+                          "The payments database is unreachable; retry with the same "
+                          "Idempotency-Key.", {"Retry-After": "1"})
         raise problem_from_database(e)
     headers = dict(answer.headers)
     if answer.replayed:

@@ -247,6 +247,31 @@ sub run_payments_e2e
 	is($r->{status}, 400, 'an over-long key is refused');
 	$r = post_charge('tok_acme', 'single-2', '{"amount": "12.50", "currency": "EUR", "customer": "cus_1"}');
 	is($r->{status}, 422, 'an amount that is not a number is refused');
+	$r = post_charge('tok_acme', 'single-3', '[' x 5000 . ']' x 5000);
+	is($r->{status}, 400, 'JSON nested too deep for the parser is 400');
+	$r = post_charge('tok_acme', 'single-4',
+		'{"amount": 1, "currency": "EUR", "customer": "cus_1", "pad": "' . ('x' x (1024 * 1024)) . '"}');
+	is($r->{status}, 413, 'a request over idempotency.max_request_size is 413');
+	# a key whose stored answer expired already made its charge: 409
+	$r = post_charge('tok_acme', 'single-5', $body);
+	is($r->{status}, 201, 'a charge whose answer will expire');
+	psql1(q{UPDATE idempotency.keys SET expires_at = now() - interval '1 second'
+	         WHERE tenant_id = 'acme' AND idem_key = 'single-5';
+	        SELECT idem_reap()});
+	$r = post_charge('tok_acme', 'single-5', $body);
+	is($r->{status}, 409, 'its retry after the answer expired is 409, not a second charge');
+	is(psql1(q{SELECT count(*) FROM payments.charges WHERE idem_key = 'single-5'}), '1',
+		'one charge for the key');
+	# the provider answered an attempt too late (the key was released),
+	# then the same key comes with another body: the provider refuses it,
+	# the client gets 422; the first body gets the provider's answer to it
+	my $slow = '{"amount": 5, "currency": "EUR", "customer": "cus_slow"}';
+	$r = post_charge('tok_acme', 'slow-1', $slow);
+	is($r->{status}, 503, 'a provider answer too late is 503');
+	$r = post_charge('tok_acme', 'slow-1', '{"amount": 6, "currency": "EUR", "customer": "cus_slow"}');
+	is($r->{status}, 422, 'then another body with that key is 422, not 503');
+	$r = post_charge('tok_acme', 'slow-1', $slow);
+	is($r->{status}, 201, 'and the first body gets the authorization the provider made');
 
 	# ---- concurrent retrying clients, some with a changed body
 	my $s = loadtest(qw(--keys 24 --clients 4 --repeats 3 --mismatch-rate 0.3),
@@ -340,7 +365,9 @@ sub run_payments_e2e
 			"SELECT count(*) FROM payments.charges c
 			   LEFT JOIN idempotency.keys k
 			     ON k.tenant_id = c.tenant_id AND k.scope = 'charges' AND k.idem_key = c.idem_key
-			  WHERE k.status IS DISTINCT FROM 'succeeded'"),
+			  WHERE k.status IS DISTINCT FROM 'succeeded'
+			    -- its answer was expired and reaped on purpose, above
+			    AND c.idem_key <> 'single-5'"),
 		0,
 		'no charge without a completed reservation');
 	is( psql1(
