@@ -56,6 +56,37 @@ SELECT pg_catalog.set_config('idempotency_update.grants',
            AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
            AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
            AND r.rolname OPERATOR(pg_catalog.<>) ALL (ARRAY['idempotency_app', 'idempotency_worker',
+                                                            'idempotency_admin', 'pg_monitor']::pg_catalog.name[])
+        UNION ALL
+        -- column grants on the rebuilt views (a column 1.1 no longer has
+        -- is skipped with a warning, see the end of the update)
+        SELECT pg_catalog.format('GRANT %s (%I) ON TABLE %s TO %I%s', a.privilege_type,
+                                 att.attname, o.target, r.rolname,
+                                 CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)
+          FROM (VALUES ('idempotency.health'), ('idempotency.stats'), ('idempotency.dead_letters'))
+                 AS o(target)
+          JOIN pg_catalog.pg_attribute att
+            ON att.attrelid OPERATOR(pg_catalog.=) o.target::pg_catalog.regclass
+           AND att.attnum OPERATOR(pg_catalog.>) 0 AND NOT att.attisdropped
+         CROSS JOIN LATERAL pg_catalog.aclexplode(att.attacl) a
+          JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE r.rolname OPERATOR(pg_catalog.<>) ALL (ARRAY['idempotency_app', 'idempotency_worker',
+                                                            'idempotency_admin', 'pg_monitor']::pg_catalog.name[])
+        UNION ALL
+        -- 1.0 let PUBLIC use schema idempotency, 1.1 does not: a role
+        -- granted anything on a table or view of the schema needs USAGE
+        SELECT pg_catalog.format('GRANT USAGE ON SCHEMA idempotency TO %I', r.rolname)
+          FROM pg_catalog.pg_class c
+         CROSS JOIN LATERAL (SELECT c.relacl AS acl
+                             UNION ALL
+                             SELECT att.attacl FROM pg_catalog.pg_attribute att
+                              WHERE att.attrelid OPERATOR(pg_catalog.=) c.oid) acls
+         CROSS JOIN LATERAL pg_catalog.aclexplode(acls.acl) a
+          JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE c.relnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
+           AND acls.acl IS NOT NULL
+           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+           AND r.rolname OPERATOR(pg_catalog.<>) ALL (ARRAY['idempotency_app', 'idempotency_worker',
                                                             'idempotency_admin', 'pg_monitor']::pg_catalog.name[])) g;
 
 /*
@@ -347,7 +378,8 @@ BEGIN
     -- the purge (nor a purge backlog the reaper)
     LOOP
         started := pg_catalog.clock_timestamp();
-        IF NOT reap_done THEN
+        IF NOT reap_done
+           AND pg_catalog.clock_timestamp() OPERATOR(pg_catalog.<) deadline THEN
             n := idempotency.reap(batch_size);
             reaped := reaped OPERATOR(pg_catalog.+) n;
             COMMIT;
@@ -1268,7 +1300,12 @@ BEGIN
     FOREACH stmt IN ARRAY pg_catalog.string_to_array(
             pg_catalog.current_setting('idempotency_update.grants'), E'\n') LOOP
         CONTINUE WHEN stmt OPERATOR(pg_catalog.=) '';
-        EXECUTE stmt;
+        BEGIN
+            EXECUTE stmt;
+        EXCEPTION WHEN undefined_column THEN
+            RAISE WARNING 'idempotency: a grant of 1.0 names a column 1.1 does not have: %', stmt
+                USING HINT = 'Grant what the role needs on the 1.1 view.';
+        END;
     END LOOP;
 END
 $$;
@@ -1296,6 +1333,20 @@ UPDATE pg_catalog.pg_init_privs ip
                    LIMIT 1)),
          '{}'::pg_catalog.aclitem[])
  WHERE ip.privtype OPERATOR(pg_catalog.=) 'e'
+   AND EXISTS (SELECT FROM pg_catalog.pg_depend d
+                 JOIN pg_catalog.pg_extension e
+                   ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+                WHERE d.classid OPERATOR(pg_catalog.=) ip.classoid
+                  AND d.objid OPERATOR(pg_catalog.=) ip.objoid
+                  AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+                  AND d.deptype OPERATOR(pg_catalog.=) 'e'
+                  AND e.extname OPERATOR(pg_catalog.=) 'idempotency');
+-- a column grant carried over leaves an empty entry of its own: a fresh
+-- install has none
+DELETE FROM pg_catalog.pg_init_privs ip
+ WHERE ip.privtype OPERATOR(pg_catalog.=) 'e'
+   AND ip.objsubid OPERATOR(pg_catalog.<>) 0
+   AND pg_catalog.cardinality(ip.initprivs) OPERATOR(pg_catalog.=) 0
    AND EXISTS (SELECT FROM pg_catalog.pg_depend d
                  JOIN pg_catalog.pg_extension e
                    ON e.oid OPERATOR(pg_catalog.=) d.refobjid

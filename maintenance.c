@@ -666,8 +666,9 @@ maint_require_pg_cron(const char *sql_there)
 #define SCHEDULE_HINT "Pass a cron schedule of five fields, such as '* * * * *' (every minute) or '*/5 * * * *'; pg_cron runs a job at most once a minute."
 
 /*
- * Whether "schedule" has the shape of a pg_cron schedule: five fields, an
- * @macro (@hourly, @daily ...) or an interval of seconds ("30 seconds").
+ * Whether "schedule" has the shape of a pg_cron schedule: five fields, one
+ * of its @macros (@hourly, @daily ...) or 1 to 59 seconds ("30 seconds",
+ * which pg_cron 1.5 and later take).
  * pg_cron checks the fields themselves; this catches, before the hint of
  * another database passes one on, a schedule that cannot be one at all,
  * such as "every minute".
@@ -698,9 +699,15 @@ maint_schedule_shaped(const char *schedule)
 	}
 	if (fields == 5)
 		return true;
-	if (fields == 1 && first[0] == '@')
-		return true;
-	return fields == 2 && strspn(first, "0123456789") == strlen(first) &&
+	if (fields == 1)
+		return strcmp(first, "@yearly") == 0 || strcmp(first, "@annually") == 0 ||
+			strcmp(first, "@monthly") == 0 || strcmp(first, "@weekly") == 0 ||
+			strcmp(first, "@daily") == 0 || strcmp(first, "@hourly") == 0 ||
+			strcmp(first, "@reboot") == 0;
+	/* pg_cron 1.5 and later: 1 to 59 seconds */
+	return fields == 2 && first[0] != '\0' &&
+		strspn(first, "0123456789") == strlen(first) && strlen(first) <= 2 &&
+		atoi(first) >= 1 && atoi(first) <= 59 &&
 		(strcmp(second, "second") == 0 || strcmp(second, "seconds") == 0);
 }
 

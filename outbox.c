@@ -2474,16 +2474,31 @@ outbox_fenced_returning(SPIPlanPtr plan, Datum *values, const char *nulls,
 }
 
 /*
- * The error of a nack (argument 3): required, since last_error is what an
- * operator reads on a dead letter, and a NULL would erase the one before.
+ * The error of a nack (argument 3): required and not blank, since
+ * last_error is what an operator reads on a dead letter, and an empty one
+ * would erase the one before.
  */
 static void
 outbox_require_error(FunctionCallInfo fcinfo)
 {
+	text	   *error;
+	const char *p;
+	int			len;
+
 	if (PG_ARGISNULL(3))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("error must not be null"),
+				 errhint("Pass what went wrong, such as 'HTTP 503 from the provider': the row keeps it as last_error, and a dead letter shows it.")));
+	error = PG_GETARG_TEXT_PP(3);
+	p = VARDATA_ANY(error);
+	len = VARSIZE_ANY_EXHDR(error);
+	while (len > 0 && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+		p++, len--;
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("error must not be empty"),
 				 errhint("Pass what went wrong, such as 'HTTP 503 from the provider': the row keeps it as last_error, and a dead letter shows it.")));
 }
 

@@ -206,7 +206,8 @@ BEGIN
     -- the purge (nor a purge backlog the reaper)
     LOOP
         started := pg_catalog.clock_timestamp();
-        IF NOT reap_done THEN
+        IF NOT reap_done
+           AND pg_catalog.clock_timestamp() OPERATOR(pg_catalog.<) deadline THEN
             n := idempotency.reap(batch_size);
             reaped := reaped OPERATOR(pg_catalog.+) n;
             COMMIT;

@@ -170,6 +170,7 @@ SELECT pg_temp.hinted_statement($$SELECT idem_schedule_maintenance('*/5 * * * *'
 -- pass it on to pg_cron's database; the other shapes pg_cron takes pass
 SELECT s, pg_temp.sqlstate_of(format('SELECT idem_schedule_maintenance(%L)', s))
   FROM unnest(ARRAY['every minute', '* * * *', '* * * * * *', '', 'soon seconds',
+                    '@sometimes', '0 seconds', '60 seconds',
                     '@hourly', '30 seconds', ' 0  3 * * 1 ']) AS s;
 SELECT pg_temp.hinted_statement('SELECT idem_unschedule_maintenance()');
 SELECT idem_schedule_maintenance(NULL);

@@ -131,6 +131,8 @@ SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, %L, %L)', 'ob
 SELECT pg_temp.outbox_error(format('SELECT * FROM outbox_nack_many(%L, ARRAY[%s], ARRAY[%L]::uuid[], %L, %L)', 'obx_r', :id, :'token', 'x', '1001 years'));
 SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, NULL, %L)', 'obx_r', :id, :'token', '0'));
 SELECT pg_temp.outbox_error(format('SELECT * FROM outbox_nack_many(%L, ARRAY[%s], ARRAY[%L]::uuid[], NULL)', 'obx_r', :id, :'token'));
+SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, %L)', 'obx_r', :id, :'token', ' '));
+SELECT pg_temp.outbox_error(format('SELECT * FROM outbox_nack_many(%L, ARRAY[%s], ARRAY[%L]::uuid[], %L)', 'obx_r', :id, :'token', ''));
 SELECT outbox_nack('obx_r', :id, :'token', 'HTTP 503', '0');
 SELECT status, last_error, available_at <= now() AS due FROM idempotency.outbox WHERE id = :id;
 SELECT pg_temp.outbox_error(format('SELECT outbox_nack(%L, %s, %L, %L)', 'obx_r', -1, gen_random_uuid(), 'x'));

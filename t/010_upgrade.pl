@@ -27,6 +27,8 @@ isnt($current, '1.0', "the current version ($current) is newer than 1.0");
 # in 1.1 needs more of its caller: the fresh database gets what the update
 # must carry them over to
 my $grants = q{
+GRANT SELECT ON idempotency.dead_letters TO reader;
+GRANT SELECT (processing, outbox_dead) ON idempotency.health TO reader;
 GRANT EXECUTE ON FUNCTION idem_reap(int), idem_sweep(interval), idem_reclaim_leases(), idem_purge_outbox(int) TO ops;
 GRANT SELECT ON idempotency.keys TO ops;
 GRANT SELECT ON idempotency.health TO ops WITH GRANT OPTION;
@@ -38,6 +40,7 @@ GRANT EXECUTE ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interv
                           idem_lookup(text, text, text) TO app1;
 };
 my $grants_11 = $grants . q{
+GRANT USAGE ON SCHEMA idempotency TO reader;
 GRANT EXECUTE ON FUNCTION idem_reserve, idem_complete, idem_lookup TO app1;
 GRANT USAGE ON SCHEMA idempotency TO ops;
 GRANT EXECUTE ON PROCEDURE idempotency.maintain(interval, int, interval) TO ops;
@@ -46,6 +49,7 @@ GRANT EXECUTE ON FUNCTION idempotency.reap(int), idempotency.sweep(interval),
 };
 $node->safe_psql('postgres', 'CREATE ROLE ops LOGIN');
 $node->safe_psql('postgres', 'CREATE ROLE app1 LOGIN');
+$node->safe_psql('postgres', 'CREATE ROLE reader LOGIN');
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', 'CREATE EXTENSION idempotency');
 $node->safe_psql('fresh', $grants_11);
@@ -136,6 +140,11 @@ is($node->safe_psql('old', 'CALL idem_maintain()', connstr => $node->connstr('ol
 is($node->safe_psql('old', q{SELECT outcome FROM idem_reserve('acme', 'pay', 'app1-1', '{"amount": 3}')},
 		connstr => $node->connstr('old') . ' user=app1'),
 	'created', 'and the application role its grant on idem_reserve');
+is($node->safe_psql('old', q{SELECT processing >= 0 AND outbox_dead >= 0 FROM idempotency.health},
+		connstr => $node->connstr('old') . ' user=reader')
+	  . ' ' . $node->safe_psql('old', q{SELECT count(*) >= 0 FROM idempotency.dead_letters},
+		connstr => $node->connstr('old') . ' user=reader'),
+	't t', 'a role granted the views (and columns of one) still reads them');
 
 # (b) the old data works with the new version
 is($node->safe_psql('old', q{
@@ -172,6 +181,10 @@ SELECT has_function_privilege('ops', 'idem_reap(int)', 'EXECUTE') AND
        has_table_privilege('ops', 'idempotency.keys', 'SELECT') AND
        has_table_privilege('ops', 'idempotency.health', 'SELECT WITH GRANT OPTION') AND
        has_schema_privilege('ops', 'idempotency', 'USAGE') AND
+       has_schema_privilege('reader', 'idempotency', 'USAGE') AND
+       has_table_privilege('reader', 'idempotency.dead_letters', 'SELECT') AND
+       has_column_privilege('reader', 'idempotency.health', 'processing', 'SELECT') AND
+       NOT has_column_privilege('reader', 'idempotency.health', 'expired_keys', 'SELECT') AND
        has_function_privilege('ops', 'idempotency.maintain(interval, int, interval)', 'EXECUTE') AND
        has_function_privilege('app1', 'idem_reserve(text, text, text, jsonb, interval, interval, bytea)', 'EXECUTE') AND
        NOT has_function_privilege('ops', 'idem_resolve(text, text, text, int, jsonb)', 'EXECUTE') AND
