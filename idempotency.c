@@ -438,7 +438,8 @@ idem_check_tenant(const char *tenant)
 Datum
 idem_bind_tenant(PG_FUNCTION_ARGS)
 {
-	Oid			argtypes[2] = {OIDOID, TEXTOID};
+	/* regrole: see idem_unbind_tenant */
+	Oid			argtypes[2] = {REGROLEOID, TEXTOID};
 	Datum		values[2];
 	static SPIPlanPtr plan = NULL;
 
@@ -459,7 +460,7 @@ idem_bind_tenant(PG_FUNCTION_ARGS)
 	idem_spi_connect();
 	idem_saved_plan(&plan,
 					"INSERT INTO idempotency.tenant_bindings AS b (role, tenant)"
-					" VALUES ($1::pg_catalog.regrole, $2)"
+					" VALUES ($1, $2)"
 					" ON CONFLICT (role) DO UPDATE SET tenant = EXCLUDED.tenant",
 					2, argtypes, 0);
 	values[0] = PG_GETARG_DATUM(0);
@@ -476,7 +477,12 @@ idem_bind_tenant(PG_FUNCTION_ARGS)
 Datum
 idem_unbind_tenant(PG_FUNCTION_ARGS)
 {
-	Oid			argtypes[1] = {OIDOID};
+	/*
+	 * regrole, not oid: on Citus the statement is sent to the workers of the
+	 * reference table with its parameter as text, and a role's OID differs
+	 * from node to node while its name does not
+	 */
+	Oid			argtypes[1] = {REGROLEOID};
 	Datum		values[1];
 	static SPIPlanPtr plan = NULL;
 	bool		removed;
@@ -485,7 +491,7 @@ idem_unbind_tenant(PG_FUNCTION_ARGS)
 	idem_spi_connect();
 	idem_saved_plan(&plan,
 					"DELETE FROM idempotency.tenant_bindings"
-					" WHERE role OPERATOR(pg_catalog.=) $1::pg_catalog.regrole",
+					" WHERE role OPERATOR(pg_catalog.=) $1",
 					1, argtypes, 0);
 	values[0] = PG_GETARG_DATUM(0);
 	idem_spi_execute(plan, values, NULL, false, 0);

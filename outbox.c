@@ -495,6 +495,53 @@ static const char *outbox_nack_many_sql =
 "   AND o.lease_token OPERATOR(pg_catalog.=) r.token"
 " RETURNING o.id, o.status";
 
+/*
+ * The same three on Citus.  Inside a function Citus delegates to the
+ * tenant's worker, a statement must be one it routes by the distribution
+ * argument alone, and an UPDATE or DELETE joined to a function scan is not:
+ * the element of each array that goes with a row is found by its position
+ * instead (O(n) per row; batches are a claim's size).
+ */
+#define OUTBOX_MANY_AT(arr) \
+"(" arr ")[pg_catalog.array_position($2, o.id) OPERATOR(pg_catalog.-)" \
+" pg_catalog.array_lower($2, 1) OPERATOR(pg_catalog.+) pg_catalog.array_lower(" arr ", 1)]"
+
+static const char *outbox_ack_many_citus_sql =
+"UPDATE idempotency.outbox o"
+"   SET status = 'done', done_at = pg_catalog.statement_timestamp(),"
+"       provider_ref = " OUTBOX_MANY_AT("$4") ", lease_until = NULL"
+" WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) ANY ($2)"
+"   AND o.status OPERATOR(pg_catalog.=) 'leased'"
+"   AND o.lease_token OPERATOR(pg_catalog.=) " OUTBOX_MANY_AT("$3")
+" RETURNING o.id";
+
+static const char *outbox_ack_many_delete_citus_sql =
+"DELETE FROM idempotency.outbox o"
+" WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) ANY ($2)"
+"   AND o.status OPERATOR(pg_catalog.=) 'leased'"
+"   AND o.lease_token OPERATOR(pg_catalog.=) " OUTBOX_MANY_AT("$3")
+" RETURNING o.id";
+
+static const char *outbox_nack_many_citus_sql =
+"UPDATE idempotency.outbox o"
+"   SET attempts = o.attempts OPERATOR(pg_catalog.+) 1,"
+"       status = CASE WHEN o.attempts OPERATOR(pg_catalog.+) 1"
+"                          OPERATOR(pg_catalog.>=) o.max_attempts"
+"                THEN 'dead'::idempotency.outbox_status"
+"                ELSE 'pending'::idempotency.outbox_status END,"
+"       available_at = pg_catalog.statement_timestamp()"
+"           OPERATOR(pg_catalog.+) COALESCE($5, pg_catalog.make_interval(secs =>"
+"                 LEAST(" CppAsString2(OUTBOX_BACKOFF_CAP_SECS) "::pg_catalog.float8,"
+"                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::pg_catalog.float8"
+"                       OPERATOR(pg_catalog.*) pg_catalog.power(2.0::pg_catalog.float8,"
+"                                          LEAST(o.attempts, 30)::pg_catalog.float8))"
+"                 OPERATOR(pg_catalog.*) " OUTBOX_MANY_AT("$6") ")),"
+"       last_error = $4, lease_token = NULL, lease_until = NULL"
+" WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) ANY ($2)"
+"   AND o.status OPERATOR(pg_catalog.=) 'leased'"
+"   AND o.lease_token OPERATOR(pg_catalog.=) " OUTBOX_MANY_AT("$3")
+" RETURNING o.id, o.status";
+
 static const char *outbox_status_sql =
 "SELECT status::pg_catalog.text FROM idempotency.outbox"
 " WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2";
@@ -524,6 +571,9 @@ static SPIPlanPtr extend_plan = NULL;
 static SPIPlanPtr ack_many_plan = NULL;
 static SPIPlanPtr ack_many_delete_plan = NULL;
 static SPIPlanPtr nack_many_plan = NULL;
+static SPIPlanPtr ack_many_citus_plan = NULL;
+static SPIPlanPtr ack_many_delete_citus_plan = NULL;
+static SPIPlanPtr nack_many_citus_plan = NULL;
 
 #define CLAIM_FILTER_TOPICS 1
 #define CLAIM_FILTER_TENANT 2
@@ -1478,6 +1528,17 @@ idem_outbox_enqueue_body(FunctionCallInfo fcinfo)
 	bool		inserted;
 
 	outbox_enqueue_args(fcinfo, &a);
+
+	/*
+	 * On Citus the id comes from the sequence of the node that holds the
+	 * tenant's shard: a call Citus did not delegate there (nested in a
+	 * block or a function of the caller's) is refused, as the key
+	 * functions refuse it, rather than given an id of another node's
+	 */
+	if (idem_citus_distributed())
+		(void) idem_keys_probe_relid(get_relname_relid("keys",
+													   get_namespace_oid("idempotency", false)),
+									 CStringGetTextDatum(a.tenant));
 
 	/* before the insert draws its id: see OUTBOX_ORDER_LOCK_CLASS */
 	if (a.ordering_key)
@@ -2749,7 +2810,13 @@ idem_outbox_ack_many(PG_FUNCTION_ARGS)
 	values[0] = CStringGetTextDatum(tenant);
 
 	idem_spi_connect();
-	if (idem_outbox_retention == 0)
+	if (idem_citus_distributed())
+		plan = idem_outbox_retention == 0 ?
+			outbox_plan(&ack_many_delete_citus_plan,
+						outbox_ack_many_delete_citus_sql, 4, argtypes) :
+			outbox_plan(&ack_many_citus_plan, outbox_ack_many_citus_sql,
+						4, argtypes);
+	else if (idem_outbox_retention == 0)
 		plan = outbox_plan(&ack_many_delete_plan, outbox_ack_many_delete_sql,
 						   4, argtypes);
 	else
@@ -2814,7 +2881,11 @@ idem_outbox_nack_many(PG_FUNCTION_ARGS)
 												typlen, typbyval, typalign));
 
 	idem_spi_connect();
-	plan = outbox_plan(&nack_many_plan, outbox_nack_many_sql, 6, argtypes);
+	if (idem_citus_distributed())
+		plan = outbox_plan(&nack_many_citus_plan, outbox_nack_many_citus_sql,
+						   6, argtypes);
+	else
+		plan = outbox_plan(&nack_many_plan, outbox_nack_many_sql, 6, argtypes);
 	rc = idem_spi_execute(plan, values, nulls, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox nack failed: %s", SPI_result_code_string(rc));

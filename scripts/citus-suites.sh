@@ -148,6 +148,24 @@ suite_lifecycle() {
         case $got in *"is bound to tenant \"acme\""*) ;; *) fail "the bound role for tenant $t: $got" ;; esac
     done
 
+    # unbinding goes by the role's name on every node: a role's OID differs
+    # from node to node (roles made on one worker only shift them here)
+    for port in $PW1 $PW2; do
+        q "$port" -c "SET citus.enable_ddl_propagation = off" -c "CREATE ROLE citus_shift_$port" >/dev/null ||
+            fail "a role on worker $port only"
+    done
+    q "$PC" -c "CREATE ROLE citus_moved LOGIN" -c "GRANT idempotency_app TO citus_moved" \
+        -c "SELECT idem_bind_tenant('citus_moved', 'acme')" -c "SELECT idem_unbind_tenant('citus_moved')" \
+        >/dev/null || fail "binding and unbinding a role"
+    for port in $PW1 $PW2; do
+        got=$(q "$port" -c "SELECT count(*) FROM idempotency.tenant_bindings WHERE role::text = 'citus_moved'")
+        [ "$got" = 0 ] || fail "the unbound role is still bound on worker $port"
+    done
+    got=$(psql -X -q -A -t -p "$PC" -U citus_moved -c "SELECT idem_reserve('globex', 'bound', 'm1', '{}')" 2>&1 | outcome)
+    [ "$got" = created ] || fail "the unbound role for another tenant: $got"
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SELECT idem_reserve('globex', 'bound', 'm2', '{}')" 2>&1)
+    case $got in *"is bound to tenant \"acme\""*) ;; *) fail "the role still bound, after another's unbinding: $got" ;; esac
+
     # a quota of live keys holds on the tenant's worker: its count reads the
     # tenant's shard there, and the admissions are that node's shared memory
     q "$PC" -c "SELECT idem_configure_scope('quota', '{\"max_live_keys\": 2}')" >/dev/null ||
@@ -168,6 +186,9 @@ suite_lifecycle() {
     # (here the coordinator: Citus does not delegate a call nested in a block)
     got=$(q "$PC" -c "DO \$\$ BEGIN PERFORM idem_reserve('acme', 'charge', 'k3', '{}'); END \$\$" 2>&1)
     case $got in *"is not on this node"*) ;; *) fail "undelegated call on the coordinator: $got" ;; esac
+    # and so does outbox_enqueue, whose id comes from the shard's node
+    got=$(q "$PC" -c "DO \$\$ BEGIN PERFORM outbox_enqueue('acme', 'evt', '{}'); END \$\$" 2>&1)
+    case $got in *"is not on this node"*) ;; *) fail "undelegated outbox_enqueue on the coordinator: $got" ;; esac
 }
 
 suite_payments() {
@@ -293,6 +314,28 @@ suite_outbox() {
     got=$(q "$PC" -c "SELECT count(*) FILTER (WHERE status = 'done') || ' ' || count(*)
                         FROM idempotency.outbox WHERE topic = 'evt'")
     [ "$got" = "$n $n" ] || fail "done, all: $got"
+
+    # batch acknowledgement, delegated to the tenant's worker: three rows
+    # acknowledged and three reported failed, each in one statement
+    for i in 1 2 3 4 5 6; do
+        echo "SELECT outbox_enqueue('batch', 'bt', '{\"n\": $i}');"
+    done | q "$PC" >/dev/null || { fail "enqueue for a batch"; return; }
+    local claimed="" ids toks
+    for port in $PW1 $PW2; do
+        claimed="$claimed$(q "$port" -c "SELECT string_agg(id::text, ',' ORDER BY id) || ' '
+                                                || string_agg(lease_token::text, ',' ORDER BY id)
+                                           FROM outbox_claim('bw', 6, '5 minutes', ARRAY['bt'], 'batch')")"
+    done
+    read -r ids toks <<<"$claimed"
+    local ida=${ids%,*,*,*} idn=${ids#*,*,*,} toka=${toks%,*,*,*} tokn=${toks#*,*,*,}
+    got=$(q "$PC" -c "SELECT count(*) FROM outbox_ack_many('batch', '{$ida}'::bigint[], '{$toka}'::uuid[])" 2>&1)
+    [ "$got" = 3 ] || fail "outbox_ack_many through the coordinator: $got (ids $ids)"
+    got=$(q "$PC" -c "SELECT string_agg(status::text, ',') FROM outbox_nack_many('batch', '{$idn}'::bigint[], '{$tokn}'::uuid[], 'HTTP 503', '1 hour')" 2>&1)
+    [ "$got" = "pending,pending,pending" ] || fail "outbox_nack_many through the coordinator: $got"
+    got=$(q "$PC" -c "SELECT string_agg(status || ':' || coalesce(last_error, '-'), ',' ORDER BY id)
+                        FROM idempotency.outbox WHERE tenant_id = 'batch'")
+    [ "$got" = "done:-,done:-,done:-,pending:HTTP 503,pending:HTTP 503,pending:HTTP 503" ] ||
+        fail "after the batches: $got"
 
     # ordered delivery on the shards: the claims of both nodes hand out one
     # row of a key at a time (outbox_ordering_head probes the shard the
