@@ -496,33 +496,28 @@ static const char *outbox_nack_many_sql =
 " RETURNING o.id, o.status";
 
 /*
- * The same three on Citus.  Inside a function Citus delegates to the
- * tenant's worker, a statement must be one it routes by the distribution
- * argument alone, and an UPDATE or DELETE joined to a function scan is not:
- * the element of each array that goes with a row is found by its position
- * instead (O(n) per row; batches are a claim's size).
+ * The same three on Citus, one row per statement.  Inside a function Citus
+ * delegates to the tenant's worker, a statement must be one Citus routes by
+ * the distribution argument alone, which the joins above are not: the
+ * batch functions there run one of these per row, fenced alike.
  */
-#define OUTBOX_MANY_AT(arr) \
-"(" arr ")[pg_catalog.array_position($2, o.id) OPERATOR(pg_catalog.-)" \
-" pg_catalog.array_lower($2, 1) OPERATOR(pg_catalog.+) pg_catalog.array_lower(" arr ", 1)]"
-
-static const char *outbox_ack_many_citus_sql =
+static const char *outbox_ack_one_sql =
 "UPDATE idempotency.outbox o"
 "   SET status = 'done', done_at = pg_catalog.statement_timestamp(),"
-"       provider_ref = " OUTBOX_MANY_AT("$4") ", lease_until = NULL"
-" WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) ANY ($2)"
+"       provider_ref = $4, lease_until = NULL"
+" WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) $2"
 "   AND o.status OPERATOR(pg_catalog.=) 'leased'"
-"   AND o.lease_token OPERATOR(pg_catalog.=) " OUTBOX_MANY_AT("$3")
+"   AND o.lease_token OPERATOR(pg_catalog.=) $3"
 " RETURNING o.id";
 
-static const char *outbox_ack_many_delete_citus_sql =
+static const char *outbox_ack_one_delete_sql =
 "DELETE FROM idempotency.outbox o"
-" WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) ANY ($2)"
+" WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) $2"
 "   AND o.status OPERATOR(pg_catalog.=) 'leased'"
-"   AND o.lease_token OPERATOR(pg_catalog.=) " OUTBOX_MANY_AT("$3")
+"   AND o.lease_token OPERATOR(pg_catalog.=) $3"
 " RETURNING o.id";
 
-static const char *outbox_nack_many_citus_sql =
+static const char *outbox_nack_one_sql =
 "UPDATE idempotency.outbox o"
 "   SET attempts = o.attempts OPERATOR(pg_catalog.+) 1,"
 "       status = CASE WHEN o.attempts OPERATOR(pg_catalog.+) 1"
@@ -535,11 +530,11 @@ static const char *outbox_nack_many_citus_sql =
 "                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::pg_catalog.float8"
 "                       OPERATOR(pg_catalog.*) pg_catalog.power(2.0::pg_catalog.float8,"
 "                                          LEAST(o.attempts, 30)::pg_catalog.float8))"
-"                 OPERATOR(pg_catalog.*) " OUTBOX_MANY_AT("$6") ")),"
+"                 OPERATOR(pg_catalog.*) $6)),"
 "       last_error = $4, lease_token = NULL, lease_until = NULL"
-" WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) ANY ($2)"
+" WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) $2"
 "   AND o.status OPERATOR(pg_catalog.=) 'leased'"
-"   AND o.lease_token OPERATOR(pg_catalog.=) " OUTBOX_MANY_AT("$3")
+"   AND o.lease_token OPERATOR(pg_catalog.=) $3"
 " RETURNING o.id, o.status";
 
 static const char *outbox_status_sql =
@@ -571,9 +566,9 @@ static SPIPlanPtr extend_plan = NULL;
 static SPIPlanPtr ack_many_plan = NULL;
 static SPIPlanPtr ack_many_delete_plan = NULL;
 static SPIPlanPtr nack_many_plan = NULL;
-static SPIPlanPtr ack_many_citus_plan = NULL;
-static SPIPlanPtr ack_many_delete_citus_plan = NULL;
-static SPIPlanPtr nack_many_citus_plan = NULL;
+static SPIPlanPtr ack_one_plan = NULL;
+static SPIPlanPtr ack_one_delete_plan = NULL;
+static SPIPlanPtr nack_one_plan = NULL;
 
 #define CLAIM_FILTER_TOPICS 1
 #define CLAIM_FILTER_TENANT 2
@@ -2765,6 +2760,64 @@ outbox_return_spi_rows(FunctionCallInfo fcinfo)
 }
 
 /*
+ * A batch on Citus (see outbox_ack_one_sql): "plan" once per element of
+ * ids (values[1]) and lease_tokens (values[2]), with $1 the tenant, $2 and
+ * $3 the element's id and token, and from $4 on the values after them; an
+ * array among those ("per_row", or -1) gives each row its own element.
+ * The rows each statement changed make the result, as
+ * outbox_return_spi_rows would give them.
+ */
+static void
+outbox_many_by_row(FunctionCallInfo fcinfo, SPIPlanPtr plan, int nparams,
+				   Datum *values, char *nulls, int per_row, Oid per_row_type)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Datum	   *ids;
+	Datum	   *tokens;
+	Datum	   *own = NULL;
+	bool	   *own_nulls = NULL;
+	int			n;
+	int			m;
+	Datum		row[6];
+	char		row_nulls[6];
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+
+	Assert(nparams <= (int) lengthof(row));
+	deconstruct_array(DatumGetArrayTypeP(values[1]), INT8OID, 8,
+					  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &ids, NULL, &n);
+	deconstruct_array(DatumGetArrayTypeP(values[2]), UUIDOID, UUID_LEN,
+					  false, TYPALIGN_CHAR, &tokens, NULL, &m);
+	if (per_row >= 0 && nulls[per_row] != 'n')
+	{
+		get_typlenbyvalalign(per_row_type, &typlen, &typbyval, &typalign);
+		deconstruct_array(DatumGetArrayTypeP(values[per_row]), per_row_type,
+						  typlen, typbyval, typalign, &own, &own_nulls, &m);
+	}
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	for (int i = 0; i < n; i++)
+	{
+		int			rc;
+
+		memcpy(row, values, sizeof(Datum) * nparams);
+		memcpy(row_nulls, nulls, nparams);
+		row[1] = ids[i];
+		row[2] = tokens[i];
+		if (per_row >= 0)
+		{
+			row[per_row] = own ? own[i] : (Datum) 0;
+			row_nulls[per_row] = own && !own_nulls[i] ? ' ' : 'n';
+		}
+		rc = idem_spi_execute(plan, row, row_nulls, false, 0);
+		if (rc != SPI_OK_UPDATE_RETURNING && rc != SPI_OK_DELETE_RETURNING)
+			elog(ERROR, "outbox batch failed: %s", SPI_result_code_string(rc));
+		for (uint64 r = 0; r < SPI_processed; r++)
+			tuplestore_puttuple(rsinfo->setResult, SPI_tuptable->vals[r]);
+	}
+}
+
+/*
  * outbox_ack_many(tenant text, ids bigint[], lease_tokens uuid[],
  *				   provider_refs text[]) RETURNS SETOF bigint
  *
@@ -2811,12 +2864,23 @@ idem_outbox_ack_many(PG_FUNCTION_ARGS)
 
 	idem_spi_connect();
 	if (idem_citus_distributed())
-		plan = idem_outbox_retention == 0 ?
-			outbox_plan(&ack_many_delete_citus_plan,
-						outbox_ack_many_delete_citus_sql, 4, argtypes) :
-			outbox_plan(&ack_many_citus_plan, outbox_ack_many_citus_sql,
-						4, argtypes);
-	else if (idem_outbox_retention == 0)
+	{
+		Oid			one_types[4] = {TEXTOID, INT8OID, UUIDOID, TEXTOID};
+
+		if (idem_outbox_retention == 0)
+			outbox_many_by_row(fcinfo,
+							   outbox_plan(&ack_one_delete_plan,
+										   outbox_ack_one_delete_sql, 3, one_types),
+							   3, values, nulls, -1, InvalidOid);
+		else
+			outbox_many_by_row(fcinfo,
+							   outbox_plan(&ack_one_plan, outbox_ack_one_sql,
+										   4, one_types),
+							   4, values, nulls, 3, TEXTOID);
+		SPI_finish();
+		return (Datum) 0;
+	}
+	if (idem_outbox_retention == 0)
 		plan = outbox_plan(&ack_many_delete_plan, outbox_ack_many_delete_sql,
 						   4, argtypes);
 	else
@@ -2882,10 +2946,18 @@ idem_outbox_nack_many(PG_FUNCTION_ARGS)
 
 	idem_spi_connect();
 	if (idem_citus_distributed())
-		plan = outbox_plan(&nack_many_citus_plan, outbox_nack_many_citus_sql,
-						   6, argtypes);
-	else
-		plan = outbox_plan(&nack_many_plan, outbox_nack_many_sql, 6, argtypes);
+	{
+		Oid			one_types[6] = {TEXTOID, INT8OID, UUIDOID, TEXTOID,
+		INTERVALOID, FLOAT8OID};
+
+		outbox_many_by_row(fcinfo,
+						   outbox_plan(&nack_one_plan, outbox_nack_one_sql,
+									   6, one_types),
+						   6, values, nulls, 5, FLOAT8OID);
+		SPI_finish();
+		return (Datum) 0;
+	}
+	plan = outbox_plan(&nack_many_plan, outbox_nack_many_sql, 6, argtypes);
 	rc = idem_spi_execute(plan, values, nulls, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox nack failed: %s", SPI_result_code_string(rc));

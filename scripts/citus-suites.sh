@@ -150,16 +150,17 @@ suite_lifecycle() {
 
     # unbinding goes by the role's name on every node: a role's OID differs
     # from node to node (roles made on one worker only shift them here)
-    for port in $PW1 $PW2; do
-        q "$port" -c "SET citus.enable_ddl_propagation = off" -c "CREATE ROLE citus_shift_$port" >/dev/null ||
-            fail "a role on worker $port only"
+    local wp
+    for wp in $PW1 $PW2; do
+        q "$wp" -c "SET citus.enable_ddl_propagation = off" -c "CREATE ROLE citus_shift_$wp" >/dev/null ||
+            fail "a role on worker $wp only"
     done
     q "$PC" -c "CREATE ROLE citus_moved LOGIN" -c "GRANT idempotency_app TO citus_moved" \
         -c "SELECT idem_bind_tenant('citus_moved', 'acme')" -c "SELECT idem_unbind_tenant('citus_moved')" \
         >/dev/null || fail "binding and unbinding a role"
-    for port in $PW1 $PW2; do
-        got=$(q "$port" -c "SELECT count(*) FROM idempotency.tenant_bindings WHERE role::text = 'citus_moved'")
-        [ "$got" = 0 ] || fail "the unbound role is still bound on worker $port"
+    for wp in $PW1 $PW2; do
+        got=$(q "$wp" -c "SELECT count(*) FROM idempotency.tenant_bindings WHERE role::text = 'citus_moved'")
+        [ "$got" = 0 ] || fail "the unbound role is still bound on worker $wp"
     done
     got=$(psql -X -q -A -t -p "$PC" -U citus_moved -c "SELECT idem_reserve('globex', 'bound', 'm1', '{}')" 2>&1 | outcome)
     [ "$got" = created ] || fail "the unbound role for another tenant: $got"
@@ -320,9 +321,9 @@ suite_outbox() {
     for i in 1 2 3 4 5 6; do
         echo "SELECT outbox_enqueue('batch', 'bt', '{\"n\": $i}');"
     done | q "$PC" >/dev/null || { fail "enqueue for a batch"; return; }
-    local claimed="" ids toks
-    for port in $PW1 $PW2; do
-        claimed="$claimed$(q "$port" -c "SELECT string_agg(id::text, ',' ORDER BY id) || ' '
+    local claimed="" ids toks wp
+    for wp in $PW1 $PW2; do
+        claimed="$claimed$(q "$wp" -c "SELECT string_agg(id::text, ',' ORDER BY id) || ' '
                                                 || string_agg(lease_token::text, ',' ORDER BY id)
                                            FROM outbox_claim('bw', 6, '5 minutes', ARRAY['bt'], 'batch')")"
     done
