@@ -47,7 +47,12 @@
 #include "common/hashfn.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "access/htup_details.h"
+#include "catalog/pg_language.h"
+#include "catalog/pg_proc.h"
 #include "lib/stringinfo.h"
+#include "nodes/params.h"
+#include "optimizer/planner.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -57,6 +62,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
 
 #include "idempotency.h"
 
@@ -669,3 +675,133 @@ idem_citus_pass_plan(SPIPlanPtr *cache, const char *sql, int nargs,
 	entry->plan = plan;
 	return plan;
 }
+
+/*
+ * Tenant checks on the coordinator, before Citus delegates a call.
+ *
+ * Citus runs a delegated call on the tenant's worker as the current role,
+ * in a session of its own: the worker sees neither the session user (so a
+ * bound session that SET ROLEs to an unbound role would not be held to its
+ * binding there) nor the session's idempotency.tenant.  Citus delegates
+ * only a statement that is one call, SELECT f(tenant, ...), with the
+ * tenant a literal or a parameter it can read; this planner hook, which
+ * runs before Citus's (Citus is first in shared_preload_libraries, so its
+ * hook was installed first), checks such a call here, where both are
+ * known, with the check every function makes itself (idem_check_tenant).
+ * A call Citus does not delegate runs here and makes that check anyway.
+ */
+static planner_hook_type citus_prev_planner = NULL;
+
+/* The functions Citus delegates by their first argument, the tenant. */
+static const char *const citus_delegated_names[] = {
+	"idem_reserve", "idem_complete", "idem_checkpoint", "idem_release",
+	"idem_lookup", "idem_resolve", "idem_execute", "outbox_enqueue",
+	"outbox_ack", "outbox_nack", "outbox_extend", "outbox_requeue",
+	"outbox_ack_many", "outbox_nack_many"
+};
+
+/* The tenant a single-call statement passes, or NULL when none is known. */
+static char *
+citus_call_tenant(Query *parse, ParamListInfo params)
+{
+	TargetEntry *te;
+	FuncExpr   *fe;
+	Node	   *arg = NULL;
+	char	   *name;
+	bool		ours = false;
+	HeapTuple	tup;
+	ListCell   *lc;
+
+	if (parse->commandType != CMD_SELECT || parse->utilityStmt != NULL ||
+		parse->rtable != NIL || list_length(parse->targetList) != 1)
+		return NULL;
+	te = linitial_node(TargetEntry, parse->targetList);
+	if (!IsA(te->expr, FuncExpr))
+		return NULL;
+	fe = (FuncExpr *) te->expr;
+	name = get_func_name(fe->funcid);
+	if (name == NULL)
+		return NULL;
+	for (int i = 0; i < (int) lengthof(citus_delegated_names); i++)
+		if (strcmp(name, citus_delegated_names[i]) == 0)
+			ours = true;
+	if (!ours)
+		return NULL;
+	/* this library's function, not one of the same name */
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fe->funcid));
+	if (!HeapTupleIsValid(tup))
+		return NULL;
+	if (((Form_pg_proc) GETSTRUCT(tup))->prolang == ClanguageId)
+	{
+		bool		isnull;
+		Datum		bin = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_probin,
+										  &isnull);
+
+		ours = !isnull &&
+			strcmp(TextDatumGetCString(bin), "$libdir/idempotency") == 0;
+	}
+	else
+		ours = false;
+	ReleaseSysCache(tup);
+	if (!ours || !idem_citus_distributed())
+		return NULL;
+
+	foreach(lc, fe->args)
+	{
+		Node	   *a = (Node *) lfirst(lc);
+
+		if (IsA(a, NamedArgExpr))
+		{
+			if (((NamedArgExpr *) a)->argnumber == 0)
+				arg = (Node *) ((NamedArgExpr *) a)->arg;
+		}
+		else if (foreach_current_index(lc) == 0)
+			arg = a;
+	}
+	while (arg != NULL && IsA(arg, RelabelType))
+		arg = (Node *) ((RelabelType *) arg)->arg;
+	if (arg == NULL)
+		return NULL;
+	if (IsA(arg, Const) && ((Const *) arg)->consttype == TEXTOID &&
+		!((Const *) arg)->constisnull)
+		return TextDatumGetCString(((Const *) arg)->constvalue);
+	if (IsA(arg, Param) && ((Param *) arg)->paramkind == PARAM_EXTERN &&
+		((Param *) arg)->paramtype == TEXTOID && params != NULL)
+	{
+		int			id = ((Param *) arg)->paramid;
+		ParamExternData storage;
+		ParamExternData *prm;
+
+		if (id <= 0 || id > params->numParams)
+			return NULL;
+		prm = params->paramFetch != NULL ?
+			params->paramFetch(params, id, false, &storage) :
+			&params->params[id - 1];
+		if (prm != NULL && !prm->isnull && prm->ptype == TEXTOID)
+			return TextDatumGetCString(prm->value);
+	}
+	return NULL;
+}
+
+static PlannedStmt *
+citus_tenant_planner(Query *parse, const char *query_string,
+					 int cursorOptions, ParamListInfo boundParams)
+{
+	char	   *tenant = citus_call_tenant(parse, boundParams);
+
+	if (tenant != NULL)
+		idem_check_tenant(tenant);
+	if (citus_prev_planner != NULL)
+		return citus_prev_planner(parse, query_string, cursorOptions,
+								  boundParams);
+	return standard_planner(parse, query_string, cursorOptions, boundParams);
+}
+
+/* _PG_init, when preloaded: install the planner hook. */
+void
+idem_citus_init(void)
+{
+	citus_prev_planner = planner_hook;
+	planner_hook = citus_tenant_planner;
+}
+

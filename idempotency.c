@@ -813,6 +813,8 @@ _PG_init(void)
 	idem_outbox_init();
 	idem_stats_init();
 	idem_rate_init();
+	if (process_shared_preload_libraries_in_progress)
+		idem_citus_init();
 
 	MarkGUCPrefixReserved("idempotency");
 }

@@ -148,6 +148,26 @@ suite_lifecycle() {
         case $got in *"is bound to tenant \"acme\""*) ;; *) fail "the bound role for tenant $t: $got" ;; esac
     done
 
+    # the coordinator checks a call before Citus delegates it, with what
+    # only it knows: the session user (under SET ROLE to a role bound to no
+    # tenant) and the session's idempotency.tenant; with parameters too, in
+    # custom and generic plans
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE idempotency_app" \
+               -c "SELECT idem_reserve('globex', 'bound', 'sr1', '{}')" 2>&1)
+    case $got in *"is bound to tenant \"acme\""*) ;; *) fail "SET ROLE out of a binding: $got" ;; esac
+    got=$(for i in 1 2 3 4 5 6 7 8; do
+              echo "SELECT count(*) FROM (SELECT 1) x WHERE false;"
+              echo "EXECUTE r('globex', 'sp$i');"
+          done | psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE idempotency_app" \
+               -c "PREPARE r(text, text) AS SELECT idem_reserve(\$1, 'bound', \$2, '{}')" -f - 2>&1 |
+          grep -c 'is bound to tenant "acme"')
+    [ "$got" = 8 ] || fail "SET ROLE out of a binding, prepared: refused $got times of 8"
+    got=$(q "$PC" -c "BEGIN" -c "SET LOCAL idempotency.tenant = 'acme'" \
+               -c "SELECT idem_reserve('globex', 'bound', 'st1', '{}')" -c "COMMIT" 2>&1)
+    case $got in *"does not match idempotency.tenant"*) ;; *) fail "idempotency.tenant through the coordinator: $got" ;; esac
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'globex' AND scope = 'bound' AND idem_key IN ('sr1', 'st1', 'sp1', 'sp8')")
+    [ "$got" = 0 ] || fail "keys written by the refused calls: $got"
+
     # unbinding goes by the role's name on every node: a role's OID differs
     # from node to node (roles made on one worker only shift them here)
     local wp
