@@ -152,13 +152,15 @@ suite_lifecycle() {
     # only it knows: the session user (under SET ROLE to a role bound to no
     # tenant) and the session's idempotency.tenant; with parameters too, in
     # custom and generic plans
-    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE idempotency_app" \
+    q "$PC" -c "CREATE ROLE citus_free LOGIN" -c "GRANT idempotency_app TO citus_free" \
+        -c "GRANT citus_free TO citus_bound" >/dev/null || fail "an unbound role"
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" \
                -c "SELECT idem_reserve('globex', 'bound', 'sr1', '{}')" 2>&1)
     case $got in *"is bound to tenant \"acme\""*) ;; *) fail "SET ROLE out of a binding: $got" ;; esac
     got=$(for i in 1 2 3 4 5 6 7 8; do
               echo "SELECT count(*) FROM (SELECT 1) x WHERE false;"
               echo "EXECUTE r('globex', 'sp$i');"
-          done | psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE idempotency_app" \
+          done | psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" \
                -c "PREPARE r(text, text) AS SELECT idem_reserve(\$1, 'bound', \$2, '{}')" -f - 2>&1 |
           grep -c 'is bound to tenant "acme"')
     [ "$got" = 8 ] || fail "SET ROLE out of a binding, prepared: refused $got times of 8"
