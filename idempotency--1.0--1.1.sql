@@ -531,6 +531,20 @@ ALTER TABLE idempotency.scopes ADD COLUMN new_keys_per_second float8,
     ADD COLUMN new_keys_burst int,
     ADD COLUMN max_live_keys int;
 
+/*
+ * Under logical replication (README, "Logical replication") the apply
+ * worker runs with session_replication_role = replica and fires no
+ * statement trigger for a replicated row: this row trigger, enabled for
+ * replica only, sends the same invalidation there; the statement trigger
+ * fires always, for a replicated TRUNCATE and the initial copy.
+ */
+CREATE TRIGGER scopes_replicated
+    AFTER INSERT OR UPDATE OR DELETE ON idempotency.scopes
+    FOR EACH ROW EXECUTE FUNCTION idempotency.scopes_changed();
+ALTER TABLE idempotency.scopes
+    ENABLE REPLICA TRIGGER scopes_replicated,
+    ENABLE ALWAYS TRIGGER scopes_changed;
+
 DROP FUNCTION @extschema@.idem_complete(text, text, text, int, jsonb, jsonb, uuid);
 CREATE FUNCTION @extschema@.idem_complete(tenant text, scope text, key text,
                               response_code int, response_body jsonb,
@@ -771,6 +785,16 @@ BEGIN
         p_max_live := (v #>> '{}')::numeric::int;
     END IF;
 
+    -- the upsert would fail with a bare 25006: say where to send the call
+    IF pg_catalog.current_setting('transaction_read_only')::pg_catalog.bool THEN
+        RAISE EXCEPTION 'cannot execute idem_configure_scope() in a read-only transaction'
+            USING ERRCODE = 'read_only_sql_transaction',
+                  DETAIL = CASE WHEN pg_catalog.pg_is_in_recovery()
+                                THEN 'This server is a standby: this call writes the extension''s tables.'
+                                ELSE 'This transaction is read-only: this call writes the extension''s tables.' END,
+                  HINT = 'Send the call to the primary, in a read-write transaction; a standby answers replays of finished keys and lookups.';
+    END IF;
+
     INSERT INTO idempotency.scopes AS s
            (scope, ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore,
             retryable_codes, new_keys_per_second, new_keys_burst, max_live_keys)
@@ -931,6 +955,20 @@ REVOKE EXECUTE ON FUNCTION idempotency.tenant_bindings_changed() FROM PUBLIC;
 CREATE TRIGGER tenant_bindings_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.tenant_bindings
     FOR EACH STATEMENT EXECUTE FUNCTION idempotency.tenant_bindings_changed();
+
+/*
+ * Under logical replication (README, "Logical replication") the apply
+ * worker runs with session_replication_role = replica and fires no
+ * statement trigger for a replicated row: this row trigger, enabled for
+ * replica only, sends the same invalidation there; the statement trigger
+ * fires always, for a replicated TRUNCATE and the initial copy.
+ */
+CREATE TRIGGER tenant_bindings_replicated
+    AFTER INSERT OR UPDATE OR DELETE ON idempotency.tenant_bindings
+    FOR EACH ROW EXECUTE FUNCTION idempotency.tenant_bindings_changed();
+ALTER TABLE idempotency.tenant_bindings
+    ENABLE REPLICA TRIGGER tenant_bindings_replicated,
+    ENABLE ALWAYS TRIGGER tenant_bindings_changed;
 /* ---- Outbox: lease extension, batch acknowledgement, deduplicated enqueue,
  * ordered delivery ---- */
 
@@ -1200,6 +1238,9 @@ REVOKE EXECUTE ON FUNCTION idempotency.sweep_state_merge() FROM PUBLIC;
 CREATE TRIGGER sweep_state_merge
     BEFORE INSERT ON idempotency.sweep_state
     FOR EACH ROW EXECUTE FUNCTION idempotency.sweep_state_merge();
+-- always: also for the row the initial copy of a logical replication
+-- subscription inserts, into a table that already has its row
+ALTER TABLE idempotency.sweep_state ENABLE ALWAYS TRIGGER sweep_state_merge;
 
 SELECT pg_catalog.pg_extension_config_dump('idempotency.sweep_state', '');
 

@@ -425,10 +425,12 @@ idem_check_tenant(const char *tenant)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("tenant \"%s\" does not match idempotency.tenant", tenant),
-				 errdetail("This session is bound to tenant \"%s\".",
+				 errdetail("This session sets idempotency.tenant to \"%s\".",
 						   idem_session_tenant),
 				 errhint("Pass the tenant the session was authenticated for, or reset idempotency.tenant.")));
 }
+
+static void bind_warn_unconfined(Oid role);
 
 /*
  * idem_bind_tenant(role regrole, tenant text) RETURNS void
@@ -467,7 +469,35 @@ idem_bind_tenant(PG_FUNCTION_ARGS)
 	values[1] = PG_GETARG_DATUM(1);
 	idem_spi_execute(plan, values, NULL, false, 0);
 	SPI_finish();
+	bind_warn_unconfined(PG_GETARG_OID(0));
 	PG_RETURN_VOID();
+}
+
+/*
+ * A binding confines what a role does through the functions that take a
+ * tenant.  A superuser, or a role with the privileges of idempotency_admin,
+ * also reads every tenant's rows in the tables and changes bindings, its
+ * own included: say so when such a role is bound (the binding is stored
+ * all the same; the role may lose the privilege later).
+ */
+static void
+bind_warn_unconfined(Oid role)
+{
+	Oid			admin = get_role_oid("idempotency_admin", true);
+	const char *what;
+
+	if (superuser_arg(role))
+		what = "is a superuser";
+	else if (OidIsValid(admin) && has_privs_of_role(role, admin))
+		what = "has the privileges of idempotency_admin";
+	else
+		return;
+	ereport(WARNING,
+			(errcode(ERRCODE_WARNING),
+			 errmsg("role \"%s\" %s: the binding does not confine it",
+					GetUserNameFromId(role, false), what),
+			 errdetail("The functions that take a tenant refuse another one, but this role reads every tenant's rows in the extension's tables and can change bindings, its own included."),
+			 errhint("Bind the roles services log in as; grant idempotency_admin to people.")));
 }
 
 /*

@@ -1147,7 +1147,8 @@ keys_scope_policy(const char *scope, ScopePolicy *policy, bool with_ignore)
 
 /*
  * idem_scopes_changed
- *		Statement trigger on idempotency.scopes: sends a relcache
+ *		Statement trigger on idempotency.scopes and tenant_bindings (and a
+ *		row trigger that fires under logical replication only): sends a relcache
  *		invalidation for the table so that every backend drops its cached
  *		policies once this transaction commits (and this backend at its
  *		next command).
@@ -1910,11 +1911,47 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 }
 
 /*
+ * A committed reservation the lock's holder cannot make live again: one
+ * flagged for reconciliation, or, in a scope that does not take over, one
+ * whose lock_timeout has passed.  The holder is another retry flagging it
+ * or being answered, the late completion, or an operator resolving it;
+ * each leaves it stale or finishes it, so "stale" is the answer the caller
+ * would have had a moment earlier (in a takeover scope the holder may be
+ * taking it over: in_progress).  Under REPEATABLE READ the snapshot's row
+ * may be outdated: left to the in_progress answer.  Returns false, with
+ * *ans untouched, for any other row.
+ */
+static bool
+reserve_answer_stale(const KeyRow *row, const uint8 *fingerprint,
+					 Interval *lock_timeout, const ScopePolicy *policy,
+					 TimestampTz now, ReserveAnswer *ans)
+{
+	if (IsolationUsesXactSnapshot() ||
+		VARSIZE_ANY_EXHDR(row->fingerprint) != IDEM_FINGERPRINT_LEN ||
+		memcmp(VARDATA_ANY(row->fingerprint), fingerprint,
+			   IDEM_FINGERPRINT_LEN) != 0)
+		return false;
+	if (!row->needs_reconciliation &&
+		(policy->takeover ||
+		 (row->has_locked_at ?
+		  keys_add_interval(row->locked_at, lock_timeout) : 0) > now))
+		return false;
+	ans->outcome = OUTCOME_STALE;
+	ans->http_status = 409;
+	ans->has_recovery_point = row->has_recovery_point;
+	ans->recovery_point = row->recovery_point;
+	ans->has_expires_at = true;
+	ans->expires_at = row->expires_at;
+	return true;
+}
+
+/*
  * Answer from the key's row, without the key's lock, if the key is finished
  * and has not expired: nothing writes such a row (a renewal needs it
  * expired, a takeover needs it processing), so its answer, a replay or a
- * mismatch, is the one the lock's holder would get.  Returns false, with
- * *ans untouched, for any other row or none.
+ * mismatch, is the one the lock's holder would get; or if it is a stale
+ * reservation (reserve_answer_stale).  Returns false, with *ans untouched,
+ * for any other row or none.
  */
 static bool
 reserve_answer_finished(KeyIdent *id, const uint8 *fingerprint,
@@ -1923,8 +1960,12 @@ reserve_answer_finished(KeyIdent *id, const uint8 *fingerprint,
 {
 	KeyRow		row;
 
-	if (!keys_fetch(id, false, &row) ||
-		row.status == status_oids[STATUS_PROCESSING] || row.expires_at <= now)
+	if (!keys_fetch(id, false, &row))
+		return false;
+	if (row.status == status_oids[STATUS_PROCESSING])
+		return reserve_answer_stale(&row, fingerprint, lock_timeout, policy,
+									now, ans);
+	if (row.expires_at <= now)
 		return false;
 	if (reserve_decide(id, &row, fingerprint, NULL, lock_timeout, policy, now,
 					   ans) != DECIDED_READ)
@@ -2356,6 +2397,8 @@ keys_explain_no_match(KeyIdent *id, pg_uuid_t *token, const char *action)
 						id->key, action),
 				 errdetail("No key \"%s\" exists in scope \"%s\" for this tenant.",
 						   id->key, id->scope),
+				 strcmp(action, "resolve") == 0 ?
+				 errhint("Check the tenant, scope and key: idempotency.keys lists the keys flagged needs_reconciliation; this one may have been released, or reaped once it expired.") :
 				 errhint("Call idem_reserve() first and do the work only when it answers \"created\"; the reservation may also have been released or have expired.")));
 	if (token != NULL &&
 		(!row.has_token || memcmp(row.token.data, token->data, UUID_LEN) != 0))
@@ -2709,6 +2752,8 @@ keys_require_writable(const char *fn)
 		ereport(ERROR,
 				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
 				 errmsg("cannot execute %s in a read-only transaction", fn),
+				 RecoveryInProgress() ?
+				 errdetail("This server is a standby: this call writes the extension's tables.") :
 				 errdetail("This transaction is read-only: this call writes the extension's tables."),
 				 errhint("Send the call to the primary, in a read-write transaction; a standby answers replays of finished keys and lookups.")));
 }

@@ -217,6 +217,12 @@ static SPIPlanPtr reclaim_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
 static SPIPlanPtr schedule_plan = NULL;
 static SPIPlanPtr unschedule_plan = NULL;
+static SPIPlanPtr cron_version_plan = NULL;
+
+/* the pg_cron this server would create: its control file's version */
+static const char *cron_version_sql =
+"SELECT e.default_version FROM pg_catalog.pg_available_extensions e"
+" WHERE e.name OPERATOR(pg_catalog.=) 'pg_cron'";
 
 /*
  * maint_check_batch_size
@@ -674,13 +680,14 @@ maint_require_pg_cron(const char *sql_there)
  * such as "every minute".
  */
 static bool
-maint_schedule_shaped(const char *schedule)
+maint_schedule_shaped(const char *schedule, bool *in_seconds)
 {
 	const char *p = schedule;
 	int			fields = 0;
 	char		first[32] = "";
 	char		second[32] = "";
 
+	*in_seconds = false;
 	while (*p)
 	{
 		const char *start;
@@ -705,10 +712,52 @@ maint_schedule_shaped(const char *schedule)
 			strcmp(first, "@daily") == 0 || strcmp(first, "@hourly") == 0 ||
 			strcmp(first, "@reboot") == 0;
 	/* pg_cron 1.5 and later: 1 to 59 seconds */
-	return fields == 2 && first[0] != '\0' &&
+	*in_seconds = fields == 2 && first[0] != '\0' &&
 		strspn(first, "0123456789") == strlen(first) && strlen(first) <= 2 &&
 		atoi(first) >= 1 && atoi(first) <= 59 &&
 		(strcmp(second, "second") == 0 || strcmp(second, "seconds") == 0);
+	return *in_seconds;
+}
+
+/*
+ * Outside pg_cron's database, refuse a schedule in seconds when the pg_cron
+ * installed on this server is older than 1.5, which takes none: the hint
+ * would otherwise hand out a statement that pg_cron refuses.  (In pg_cron's
+ * database pg_cron answers for itself.)  Unknown versions pass.
+ */
+static void
+maint_check_seconds_schedule(const char *schedule)
+{
+	char	   *version = NULL;
+	int			major = 0;
+	int			minor = 0;
+	MemoryContext cxt = CurrentMemoryContext;
+
+	if (OidIsValid(get_extension_oid("pg_cron", true)))
+		return;
+	idem_spi_connect();
+	if (idem_spi_execute(idem_saved_plan(&cron_version_plan,
+										 cron_version_sql, 0, NULL, 0),
+						 NULL, NULL, true, 1) == SPI_OK_SELECT &&
+		SPI_processed == 1)
+	{
+		char	   *v = SPI_getvalue(SPI_tuptable->vals[0],
+									 SPI_tuptable->tupdesc, 1);
+
+		if (v != NULL)
+			version = MemoryContextStrdup(cxt, v);
+	}
+	SPI_finish();
+	if (version == NULL || sscanf(version, "%d.%d", &major, &minor) != 2)
+		return;
+	if (major > 1 || (major == 1 && minor >= 5))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("invalid schedule: %s", schedule),
+			 errdetail("pg_cron %s, installed on this server, takes no schedule in seconds (1.5 and later do).",
+					   version),
+			 errhint(SCHEDULE_HINT)));
 }
 
 /*
@@ -734,6 +783,7 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 	volatile int ret = 0;
 	bool		isnull;
 	int64		jobid;
+	bool		in_seconds;
 	MemoryContext callcxt;
 
 	if (PG_ARGISNULL(0))
@@ -743,11 +793,13 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 				 errhint("Pass a cron schedule such as '* * * * *' (every minute), or no argument for that default.")));
 
 	schedule = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	if (!maint_schedule_shaped(schedule))
+	if (!maint_schedule_shaped(schedule, &in_seconds))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid schedule: %s", schedule),
 				 errhint(SCHEDULE_HINT)));
+	if (in_seconds)
+		maint_check_seconds_schedule(schedule);
 	jobname = maint_cron_job_name();
 	command = maint_job_command(fcinfo);
 	dbname = get_database_name(MyDatabaseId);

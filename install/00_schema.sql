@@ -79,6 +79,20 @@ CREATE TRIGGER tenant_bindings_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.tenant_bindings
     FOR EACH STATEMENT EXECUTE FUNCTION idempotency.tenant_bindings_changed();
 
+/*
+ * Under logical replication (README, "Logical replication") the apply
+ * worker runs with session_replication_role = replica and fires no
+ * statement trigger for a replicated row: this row trigger, enabled for
+ * replica only, sends the same invalidation there; the statement trigger
+ * fires always, for a replicated TRUNCATE and the initial copy.
+ */
+CREATE TRIGGER tenant_bindings_replicated
+    AFTER INSERT OR UPDATE OR DELETE ON idempotency.tenant_bindings
+    FOR EACH ROW EXECUTE FUNCTION idempotency.tenant_bindings_changed();
+ALTER TABLE idempotency.tenant_bindings
+    ENABLE REPLICA TRIGGER tenant_bindings_replicated,
+    ENABLE ALWAYS TRIGGER tenant_bindings_changed;
+
 REVOKE ALL ON idempotency.tenant_bindings FROM PUBLIC;
 GRANT SELECT ON idempotency.tenant_bindings TO idempotency_admin;
 

@@ -408,6 +408,16 @@ BEGIN
         p_max_live := (v #>> '{}')::numeric::int;
     END IF;
 
+    -- the upsert would fail with a bare 25006: say where to send the call
+    IF pg_catalog.current_setting('transaction_read_only')::pg_catalog.bool THEN
+        RAISE EXCEPTION 'cannot execute idem_configure_scope() in a read-only transaction'
+            USING ERRCODE = 'read_only_sql_transaction',
+                  DETAIL = CASE WHEN pg_catalog.pg_is_in_recovery()
+                                THEN 'This server is a standby: this call writes the extension''s tables.'
+                                ELSE 'This transaction is read-only: this call writes the extension''s tables.' END,
+                  HINT = 'Send the call to the primary, in a read-write transaction; a standby answers replays of finished keys and lookups.';
+    END IF;
+
     INSERT INTO idempotency.scopes AS s
            (scope, ttl, lock_timeout, cache_server_errors, stale_action, fingerprint_ignore,
             retryable_codes, new_keys_per_second, new_keys_burst, max_live_keys)
@@ -460,3 +470,11 @@ GRANT EXECUTE ON FUNCTION idem_resolve(text, text, text, int, jsonb),
 CREATE TRIGGER scopes_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.scopes
     FOR EACH STATEMENT EXECUTE FUNCTION idempotency.scopes_changed();
+
+/* under logical replication: as for tenant_bindings (00_schema.sql) */
+CREATE TRIGGER scopes_replicated
+    AFTER INSERT OR UPDATE OR DELETE ON idempotency.scopes
+    FOR EACH ROW EXECUTE FUNCTION idempotency.scopes_changed();
+ALTER TABLE idempotency.scopes
+    ENABLE REPLICA TRIGGER scopes_replicated,
+    ENABLE ALWAYS TRIGGER scopes_changed;

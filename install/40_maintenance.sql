@@ -47,6 +47,9 @@ REVOKE EXECUTE ON FUNCTION idempotency.sweep_state_merge() FROM PUBLIC;
 CREATE TRIGGER sweep_state_merge
     BEFORE INSERT ON idempotency.sweep_state
     FOR EACH ROW EXECUTE FUNCTION idempotency.sweep_state_merge();
+-- always: also for the row the initial copy of a logical replication
+-- subscription inserts, into a table that already has its row
+ALTER TABLE idempotency.sweep_state ENABLE ALWAYS TRIGGER sweep_state_merge;
 
 SELECT pg_catalog.pg_extension_config_dump('idempotency.sweep_state', '');
 

@@ -171,7 +171,14 @@ SELECT pg_temp.hinted_statement($$SELECT idem_schedule_maintenance('*/5 * * * *'
 SELECT s, pg_temp.sqlstate_of(format('SELECT idem_schedule_maintenance(%L)', s))
   FROM unnest(ARRAY['every minute', '* * * *', '* * * * * *', '', 'soon seconds',
                     '@sometimes', '0 seconds', '60 seconds',
-                    '@hourly', '30 seconds', ' 0  3 * * 1 ']) AS s;
+                    '@hourly', ' 0  3 * * 1 ']) AS s;
+-- a schedule in seconds passes when pg_cron is 1.5 or later (or not
+-- installed for this server: the hint then says to install it), and is
+-- refused with 22023 when the server's pg_cron is older
+SELECT pg_temp.sqlstate_of($$SELECT idem_schedule_maintenance('30 seconds')$$)
+       = CASE WHEN (SELECT (regexp_match(default_version, '^(\d+)\.(\d+)'))::int[] < '{1,5}'
+                      FROM pg_available_extensions WHERE name = 'pg_cron')
+              THEN '22023' ELSE '55000' END AS seconds_as_the_version_says;
 SELECT pg_temp.hinted_statement('SELECT idem_unschedule_maintenance()');
 SELECT idem_schedule_maintenance(NULL);
 SELECT stmt, pg_temp.sqlstate_of(stmt) FROM (VALUES

@@ -149,6 +149,16 @@ SELECT idem_bind_tenant('sec_bound', '');
 SELECT idem_bind_tenant(NULL, 'x');
 SELECT idem_bind_tenant('-', 'x');
 SELECT count(*) AS bindings_of_no_role FROM idempotency.tenant_bindings WHERE role = 0;
+-- binding a role the binding cannot confine (idempotency_admin, directly or
+-- through another role, or a superuser) warns, and binds all the same
+GRANT sec_admin TO sec_other;
+SELECT idem_bind_tenant('sec_other', 'globex');
+CREATE ROLE sec_super SUPERUSER;
+SELECT idem_bind_tenant('sec_super', 'globex');
+SELECT idem_unbind_tenant('sec_super');
+DROP ROLE sec_super;
+SELECT idem_bind_tenant('sec_bound', 'acme');
+SELECT role, tenant FROM idempotency.tenant_bindings ORDER BY role::text COLLATE "C";
 
 DELETE FROM idempotency.keys WHERE tenant_id IN ('sec_t', 'acme', 'globex');
 DELETE FROM idempotency.outbox WHERE tenant_id IN ('sec_t', 'acme');

@@ -81,6 +81,32 @@ is( $node->safe_psql(
 	"$maintain_call | shop",
 	'the hinted statement schedules maintenance of database shop');
 
+# a schedule in seconds, from another database: pg_cron before 1.5 takes
+# none, so the extension refuses it there (the hint would hand out a
+# statement pg_cron refuses); 1.5 and later take it, through the hint
+my $cron_version = $node->safe_psql('postgres',
+	"SELECT extversion FROM pg_extension WHERE extname = 'pg_cron'");
+($ret, $out, $err) = $node->psql('shop',
+	"\\set VERBOSITY verbose\nSELECT idem_schedule_maintenance('30 seconds')");
+my ($cron_major, $cron_minor) = split /\./, $cron_version;
+if ($cron_major == 1 && $cron_minor < 5)
+{
+	like($err, qr/22023: invalid schedule: 30 seconds/,
+		"pg_cron $cron_version: a schedule in seconds is refused in another database");
+	like($err, qr/DETAIL:  pg_cron $cron_version, installed on this server, takes no schedule in seconds/,
+		'the detail names the version');
+}
+else
+{
+	my ($seconds_sql) = $err =~ /run: (.*;)/;
+	ok(defined $seconds_sql, "pg_cron $cron_version: the hint carries a statement")
+	  or diag($err);
+	$node->safe_psql('postgres', $seconds_sql);
+	$node->safe_psql('postgres',
+		"SELECT cron.schedule_in_database('idempotency-maintenance-shop', '* * * * *', '$maintain_call', 'shop')");
+	pass('and pg_cron takes it');
+}
+
 # pg_cron starts jobs on the minute: wait for one run of each
 $node->poll_query_until('postgres',
 	"SELECT count(DISTINCT jobid) = 2 FROM cron.job_run_details WHERE status IN ('succeeded', 'failed')"

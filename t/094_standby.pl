@@ -51,6 +51,12 @@ my %writes = (
 	  qq{SELECT idem_complete('acme', 'orders', 'flight-1', 200, '{}', lock_token => '$token')},
 	'an enqueue' => q{SELECT outbox_enqueue('acme', 'mail', '{}')},
 	'a claim' => q{SELECT * FROM outbox_claim('w', 1)},
+	'a checkpoint' =>
+	  qq{SELECT idem_checkpoint('acme', 'orders', 'flight-1', 'step', lock_token => '$token')},
+	'a release' =>
+	  qq{SELECT idem_release('acme', 'orders', 'flight-1', lock_token => '$token')},
+	'a scope policy' =>
+	  q{SELECT idem_configure_scope('orders', '{"ttl": "2 days"}')},
 	'a reap' => q{SELECT idem_reap()},
 	'a sweep' => q{SELECT idem_sweep()},
 	'maintenance' => q{CALL idem_maintain('1 second')},);
@@ -61,13 +67,12 @@ for my $what (sort keys %writes)
 	like($err, qr/ERROR:  25006:/, "$what: 25006 on the standby");
 	like($err, qr/HINT:  Send the call to the primary/,
 		"$what: the hint says where to send it");
+	like($err, qr/DETAIL:  This server is a standby/,
+		"$what: the detail says why");
 }
-my ($ret, $out, $err) = $standby->psql('postgres',
-	"\\set VERBOSITY verbose\n$writes{'a new key'};");
-like($err, qr/DETAIL:  This server is a standby/, 'the detail says why');
 
 # the same in a read-only transaction on the primary
-($ret, $out, $err) = $primary->psql('postgres',
+my ($ret, $out, $err) = $primary->psql('postgres',
 	"\\set VERBOSITY verbose\nBEGIN READ ONLY;\n$writes{'a new key'};\nROLLBACK;");
 like($err, qr/ERROR:  25006:.*\n.*DETAIL:  This transaction is read-only.*\n.*HINT:  Send the call to the primary/,
 	'a read-only transaction on the primary: 25006 with the detail and the hint');

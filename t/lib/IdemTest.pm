@@ -103,7 +103,7 @@ lines AS (
   SELECT format('constraint %s.%s %s', r.relname, co.conname, pg_get_constraintdef(co.oid))
     FROM rels r JOIN pg_constraint co ON co.conrelid = r.oid
   UNION ALL
-  SELECT format('trigger %s', pg_get_triggerdef(tg.oid))
+  SELECT format('trigger %s enabled=%s', pg_get_triggerdef(tg.oid), tg.tgenabled)
     FROM rels r JOIN pg_trigger tg ON tg.tgrelid = r.oid WHERE NOT tg.tgisinternal
   UNION ALL
   SELECT format('view %s %s', r.relname, md5(pg_get_viewdef(r.oid)))
