@@ -968,12 +968,15 @@ reserve_wait_lock(LOCKTAG *tag, int timeout_ms)
  * be had in time.
  */
 static bool
-reserve_claim_lock(LOCKTAG *tag, TimestampTz deadline)
+reserve_claim_lock(LOCKTAG *tag, TimestampTz deadline, bool *mine)
 {
 	TimestampTz now;
 	int64		remaining_ms;
+	LockAcquireResult res = LockAcquire(tag, ExclusiveLock, false, true);
 
-	if (LockAcquire(tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
+	/* this transaction holds the key already: nothing to wait for */
+	*mine = res == LOCKACQUIRE_ALREADY_HELD || res == LOCKACQUIRE_ALREADY_CLEAR;
+	if (res != LOCKACQUIRE_NOT_AVAIL)
 		return true;
 	if (deadline == 0)
 		return false;
@@ -1210,8 +1213,9 @@ keys_pkey_ident(Relation index, int column)
  * transaction's own earlier writes are seen; with "latest", the latest
  * snapshot, used under REPEATABLE READ to tell "no such key" from
  * "committed after my snapshot".  Predicate locks for SERIALIZABLE are
- * taken by the access methods as for any index scan.  AccessShareLock on
- * the table and index is kept to the end of the transaction.
+ * taken by the access methods as for any index scan.  The locks on the
+ * table (RowExclusiveLock unless the transaction is read-only) and the
+ * index (AccessShareLock) are kept to the end of the transaction.
  */
 static bool
 keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
@@ -1231,9 +1235,17 @@ keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 	CommandCounterIncrement();
 	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
 								GetTransactionSnapshot());
-	/* on Citus, the tenant's shard (citus.c) */
+	/*
+	 * On Citus, the tenant's shard (citus.c).  In a transaction that may
+	 * write, the table is locked as the write will lock it, before the
+	 * index is: a REINDEX (which holds the table, then waits for each
+	 * index) then waits for this transaction, or this one for it, instead
+	 * of the two deadlocking when the write asks for the table after the
+	 * probe.  Both modes take the fast path and block no other request.
+	 */
 	heap = table_open(idem_keys_probe_relid(keys_relid, id->values[0]),
-					  AccessShareLock);
+					  XactReadOnly || RecoveryInProgress() ?
+					  AccessShareLock : RowExclusiveLock);
 
 	/*
 	 * The primary key as the relcache knows it once the table is locked:
@@ -1332,7 +1344,8 @@ reserve_insert(Datum *values)
  * written.  This is the one write of a new key, so its cost is the cost
  * of a request; an INSERT through SPI spends as much again starting the
  * executor.  Only for the table as the extension creates it, or with
- * more plain indexes: a column, trigger, CHECK constraint, row security
+ * more plain indexes: a column, trigger, CHECK or NOT NULL constraint
+ * (one the row would break), row security
  * policy or an index with expressions, a predicate, an exclusion or a
  * deferred uniqueness that it does not know makes it return false, and the
  * caller inserts through SPI.  The unique index is checked as any insert
@@ -1388,6 +1401,11 @@ keys_insert_row(Datum *colvalues, bool *colnulls)
 			plain = false;
 	}
 	list_free(indexes);
+	/* a NOT NULL added to a column the row leaves null: the INSERT says so */
+	for (i = 0; plain && i < KEYS_ATT_COUNT; i++)
+		if (colnulls[i] &&
+			TupleDescAttr(desc, keys_attnum[i] - 1)->attnotnull)
+			plain = false;
 	if (plain)
 	{
 		values = palloc0(desc->natts * sizeof(Datum));
@@ -2274,9 +2292,10 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 	{
 		bool		locked;
 		bool		wrote;
+		bool		mine;
 
 		memset(&ans, 0, sizeof(ans));
-		locked = reserve_claim_lock(&tag, deadline);
+		locked = reserve_claim_lock(&tag, deadline, &mine);
 
 		/*
 		 * As of now: after a wait, a reservation may have turned stale, and
@@ -2306,9 +2325,10 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 		/*
 		 * A committed reservation still at work: with time left to wait,
 		 * look again (each statement sees newly committed rows only under
-		 * READ COMMITTED).
+		 * READ COMMITTED).  Not one this transaction holds: it cannot
+		 * finish while this call waits.
 		 */
-		if (ans.outcome == OUTCOME_IN_PROGRESS && deadline != 0 &&
+		if (ans.outcome == OUTCOME_IN_PROGRESS && deadline != 0 && !mine &&
 			!IsolationUsesXactSnapshot() && GetCurrentTimestamp() < deadline)
 		{
 			reserve_sleep(deadline, &sleep_ms);

@@ -86,6 +86,8 @@ typedef struct RateEntry
 {
 	RateKey		key;			/* hash key: must be first */
 	pg_atomic_uint64 tat;		/* theoretical arrival time, microseconds */
+	pg_atomic_uint64 rate;		/* the interval and burst tat was set under
+								 * (rate_signature), or 0 */
 	pg_atomic_uint64 live;		/* live keys: last count + admitted since */
 	pg_atomic_uint64 recount_at;	/* no count before (claimed until),
 									 * microseconds */
@@ -243,6 +245,7 @@ rate_entry_locked(const char *tenant, const char *scope, const char *option)
 	if (!found)
 	{
 		pg_atomic_init_u64(&entry->tat, 0);
+		pg_atomic_init_u64(&entry->rate, 0);
 		pg_atomic_init_u64(&entry->live, (uint64) LIVE_UNKNOWN);
 		pg_atomic_init_u64(&entry->recount_at, 0);
 		pg_atomic_init_u64(&entry->expiry, 0);
@@ -276,6 +279,7 @@ idem_rate_admit(const char *tenant, const char *scope, double per_second,
 	int64		interval;
 	int64		tolerance;
 	int64		wait_us = 0;
+	uint64		signature;
 	bool		admitted;
 
 	/*
@@ -289,6 +293,22 @@ idem_rate_admit(const char *tenant, const char *scope, double per_second,
 	tolerance = interval * (int64) (Min(Max(burst, 1), 1000000) - 1);
 
 	entry = rate_entry_locked(tenant, scope, "new_keys_per_second");
+
+	/*
+	 * tat was set under the scope's rate and burst as they were: after
+	 * idem_configure_scope changed either, the pair starts over with a
+	 * full burst under the new ones (as when the table is emptied), so that
+	 * a raised rate lifts a limit in force at once, instead of the tenant
+	 * waiting out what it owed under the old rate.  Backends that still
+	 * hold the old policy (until their next command) may reset it again:
+	 * at most a few bursts more, never fewer keys.
+	 */
+	signature = hash_combine64((uint64) interval, (uint64) tolerance) | 1;
+	if (pg_atomic_read_u64(&entry->rate) != signature)
+	{
+		if (pg_atomic_exchange_u64(&entry->rate, signature) != 0)
+			pg_atomic_write_u64(&entry->tat, 0);
+	}
 	admitted = rate_step(entry, now, interval, tolerance, &wait_us);
 	LWLockRelease(rate_state->lock);
 

@@ -175,6 +175,10 @@ SELECT outcome, retry_after FROM idem_reserve('kl_a', 'orders', 'w-1', wait => '
 BEGIN;
 SELECT outcome FROM idem_reserve('kl_a', 'orders', 'same-xact', fingerprint => sha256('x'));
 SELECT outcome FROM idem_reserve('kl_a', 'orders', 'same-xact', fingerprint => sha256('x'));
+-- ...at once with a wait too: the transaction cannot finish while it waits
+SELECT clock_timestamp() AS t0 \gset
+SELECT outcome FROM idem_reserve('kl_a', 'orders', 'same-xact', wait => '10 seconds', fingerprint => sha256('x'));
+SELECT clock_timestamp() - :'t0' < interval '5 seconds' AS answered_without_waiting;
 SELECT idem_complete('kl_a', 'orders', 'same-xact', 200, '{}');
 COMMIT;
 

@@ -58,6 +58,20 @@ SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_per_sec
 SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_burst": 1.5}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_burst": 0}')$$);
 SELECT scope, new_keys_per_second, new_keys_burst FROM idempotency.scopes WHERE scope = 'rl_scope';
+-- a changed rate starts the pair over with a full burst under it, so a
+-- raised rate lifts a limit in force at once: tenant A, limited for 1000
+-- seconds at one key per 1000 s, gets 100 keys in a burst of 1000
+SELECT outcome, retry_after BETWEEN 900 AND 1000 AS retry_after_about_1000s
+  FROM idem_reserve('rl_a', 'rl_scope', 'before-raise', '{}');
+SELECT scope FROM idem_configure_scope('rl_scope', '{"new_keys_per_second": 1000, "new_keys_burst": 1000}');
+SELECT count(*) FILTER (WHERE outcome = 'created') AS created
+  FROM generate_series(1, 100) AS k,
+       LATERAL idem_reserve('rl_a', 'rl_scope', 'raised-' || k, jsonb_build_object('k', k));
+-- and a rate lowered again applies from here: a burst of 3, then limited
+SELECT scope FROM idem_configure_scope('rl_scope', '{"new_keys_per_second": 0.001, "new_keys_burst": 3}');
+SELECT k, outcome, retry_after BETWEEN 900 AND 1000 AS retry_after_about_1000s
+  FROM generate_series(1, 4) AS k,
+       LATERAL idem_reserve('rl_a', 'rl_scope', 'lowered-' || k, jsonb_build_object('k', k));
 -- null lifts the limit
 SELECT scope, new_keys_per_second FROM idem_configure_scope('rl_scope', '{"new_keys_per_second": null}');
 SELECT outcome FROM idem_reserve('rl_a', 'rl_scope', 'after-lift', '{}');

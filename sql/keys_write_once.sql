@@ -204,6 +204,20 @@ SELECT outcome FROM idem_reserve('wo_a', 'orders', 'check-1', '{"amount": 18}'::
 SELECT pg_temp.sqlstate($$SELECT idem_complete('wo_a', 'orders', 'check-1', 418, '{}')$$);
 ROLLBACK;
 ALTER TABLE idempotency.keys DROP CONSTRAINT wo_no_teapot;
+-- a NOT NULL on a column a new key leaves null: refused (23502), in
+-- autocommit and at completion, nothing written
+UPDATE idempotency.keys SET recovery_point = '' WHERE recovery_point IS NULL;
+ALTER TABLE idempotency.keys ALTER COLUMN recovery_point SET NOT NULL;
+\set VERBOSITY terse
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'nn-1', '{"amount": 25}'::jsonb);
+\set VERBOSITY default
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'nn-2', '{"amount": 26}'::jsonb);
+SELECT pg_temp.sqlstate($$SELECT idem_complete('wo_a', 'orders', 'nn-2', 201, '{}')$$);
+ROLLBACK;
+SELECT count(*) AS nn_rows FROM idempotency.keys WHERE idem_key LIKE 'nn-%';
+ALTER TABLE idempotency.keys ALTER COLUMN recovery_point DROP NOT NULL;
+UPDATE idempotency.keys SET recovery_point = NULL WHERE recovery_point = '';
 ALTER TABLE idempotency.keys ADD COLUMN wo_region text DEFAULT 'eu';
 BEGIN;
 SELECT outcome FROM idem_reserve('wo_a', 'orders', 'col-1', '{"amount": 19}'::jsonb);
