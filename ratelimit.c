@@ -62,6 +62,7 @@
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+#include "utils/builtins.h"
 #include "utils/hsearch.h"
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
@@ -205,8 +206,10 @@ rate_entry_locked(const char *tenant, const char *scope, const char *option)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("scope \"%s\" limits new keys, which needs idempotency in shared_preload_libraries",
 						scope),
-				 errhint("Add idempotency to shared_preload_libraries and restart, or remove the scope's %s.",
-						 option)));
+				 errdetail("The scope sets %s; a rate and a quota both need it.",
+						   option),
+				 errhint("Add idempotency to shared_preload_libraries and restart, or lift both limits: SELECT idem_configure_scope(%s, '{\"new_keys_per_second\": null, \"max_live_keys\": null}');",
+						 quote_literal_cstr(scope))));
 
 	memset(&key, 0, sizeof(key));
 	key.dbid = MyDatabaseId;

@@ -208,6 +208,17 @@ $bare->safe_psql('postgres', q{
 	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
 like($err, qr/55000: scope "quota" limits new keys.*HINT:.*max_live_keys/s,
 	'a quota without shared_preload_libraries is 55000 too');
+# a scope with both: the hint's statement lifts both at once
+$bare->safe_psql('postgres', q{
+	SELECT idem_configure_scope('both', '{"new_keys_per_second": 5, "max_live_keys": 5}')});
+($rc, $out, $err) = $bare->psql('postgres',
+	q{SELECT outcome FROM idem_reserve('a', 'both', 'k1', '{}')});
+my ($lift) = $err =~ /HINT:.*or lift both limits: (SELECT .*;)/;
+ok(defined $lift, 'the hint holds a statement') or diag($err);
+$bare->safe_psql('postgres', $lift);
+is($bare->safe_psql('postgres',
+		q{SELECT outcome FROM idem_reserve('a', 'both', 'k1', '{}')}),
+	'created', 'which lifts the rate and the quota');
 is($bare->safe_psql('postgres',
 		q{SELECT outcome FROM idem_reserve('a', 'unlimited', 'k1', '{}')}),
 	'created', 'scopes without a rate work as before');
