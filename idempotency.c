@@ -24,6 +24,7 @@
 #include "access/table.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_authid.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
@@ -475,8 +476,9 @@ idem_bind_tenant(PG_FUNCTION_ARGS)
 
 /*
  * A binding confines what a role does through the functions that take a
- * tenant.  A superuser, or a role with the privileges of idempotency_admin,
- * also reads every tenant's rows in the tables and changes bindings, its
+ * tenant.  A superuser, or a role that has or can take the privileges of
+ * idempotency_admin (a member, even NOINHERIT, one with its ADMIN OPTION,
+ * or before PostgreSQL 16 one with CREATEROLE), also reads every tenant's rows in the tables and changes bindings, its
  * own included: say so when such a role is bound (the binding is stored
  * all the same; the role may lose the privilege later).
  */
@@ -486,12 +488,28 @@ bind_warn_unconfined(Oid role)
 	Oid			admin = get_role_oid("idempotency_admin", true);
 	const char *what;
 
+	HeapTuple	tup;
+	bool		createrole = false;
+
+	tup = SearchSysCache1(AUTHOID, ObjectIdGetDatum(role));
+	if (HeapTupleIsValid(tup))
+	{
+		createrole = ((Form_pg_authid) GETSTRUCT(tup))->rolcreaterole;
+		ReleaseSysCache(tup);
+	}
 	if (superuser_arg(role))
 		what = "is a superuser";
-	else if (OidIsValid(admin) && has_privs_of_role(role, admin))
-		what = "has the privileges of idempotency_admin";
+	else if (OidIsValid(admin) && is_member_of_role(role, admin))
+		what = "is a member of idempotency_admin";
+	else if (OidIsValid(admin) && is_admin_of_role(role, admin))
+		what = "may grant itself idempotency_admin";
+#if PG_VERSION_NUM < 160000
+	else if (createrole)
+		what = "has CREATEROLE, which may grant it idempotency_admin";
+#endif
 	else
 		return;
+	(void) createrole;
 	ereport(WARNING,
 			(errcode(ERRCODE_WARNING),
 			 errmsg("role \"%s\" %s: the binding does not confine it",

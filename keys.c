@@ -105,6 +105,12 @@
 /* Retry-After bounds, in seconds, for "in_progress". */
 #define RETRY_AFTER_MAX		60
 
+/*
+ * How long a reservation without a wait of its own waits for the lock of a
+ * key turning stale that another session holds (reserve_common).
+ */
+#define STALE_WAIT_MS		500
+
 /* Longest ttl and wait accepted. */
 #define MAX_TTL_USECS	((int64) IDEM_MAX_INTERVAL_YEARS * MONTHS_PER_YEAR * DAYS_PER_MONTH * USECS_PER_DAY)
 #define MAX_WAIT_USECS	((int64) USECS_PER_DAY)
@@ -1344,8 +1350,8 @@ reserve_insert(Datum *values)
  * written.  This is the one write of a new key, so its cost is the cost
  * of a request; an INSERT through SPI spends as much again starting the
  * executor.  Only for the table as the extension creates it, or with
- * more plain indexes: a column, trigger, CHECK or NOT NULL constraint
- * (one the row would break), row security
+ * more plain indexes: a column, trigger, CHECK constraint, NOT NULL or
+ * default on a column the row leaves null, row security
  * policy or an index with expressions, a predicate, an exclusion or a
  * deferred uniqueness that it does not know makes it return false, and the
  * caller inserts through SPI.  The unique index is checked as any insert
@@ -1401,10 +1407,14 @@ keys_insert_row(Datum *colvalues, bool *colnulls)
 			plain = false;
 	}
 	list_free(indexes);
-	/* a NOT NULL added to a column the row leaves null: the INSERT says so */
+	/*
+	 * A NOT NULL or a default added to a column the row leaves null: the
+	 * INSERT refuses the null or applies the default
+	 */
 	for (i = 0; plain && i < KEYS_ATT_COUNT; i++)
 		if (colnulls[i] &&
-			TupleDescAttr(desc, keys_attnum[i] - 1)->attnotnull)
+			(TupleDescAttr(desc, keys_attnum[i] - 1)->attnotnull ||
+			 TupleDescAttr(desc, keys_attnum[i] - 1)->atthasdef))
 			plain = false;
 	if (plain)
 	{
@@ -1929,31 +1939,35 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 }
 
 /*
- * A committed reservation the lock's holder cannot make live again: one
- * flagged for reconciliation, or, in a scope that does not take over, one
- * whose lock_timeout has passed.  The holder is another retry flagging it
- * or being answered, the late completion, or an operator resolving it;
- * each leaves it stale or finishes it, so "stale" is the answer the caller
- * would have had a moment earlier (in a takeover scope the holder may be
- * taking it over: in_progress).  Under REPEATABLE READ the snapshot's row
- * may be outdated: left to the in_progress answer.  Returns false, with
- * *ans untouched, for any other row.
+ * A committed reservation flagged for reconciliation: whoever holds the
+ * key's lock (another retry, the late completion, an operator resolving
+ * it, the attempt checkpointing it) leaves it flagged or finishes it, so
+ * "stale" is the answer the caller would have had a moment earlier.  One
+ * past its lock_timeout in a scope that does not take over, not yet
+ * flagged, is only "turning stale": the holder may be another retry
+ * flagging it, or the attempt itself checkpointing (alive again) or
+ * releasing it (free); *turning_stale says so, and the caller waits a
+ * moment for the lock to find out.  Under REPEATABLE READ the snapshot's
+ * row may be outdated: neither.  Returns false, with *ans untouched, for
+ * any other row.
  */
 static bool
 reserve_answer_stale(const KeyRow *row, const uint8 *fingerprint,
 					 Interval *lock_timeout, const ScopePolicy *policy,
-					 TimestampTz now, ReserveAnswer *ans)
+					 TimestampTz now, ReserveAnswer *ans, bool *turning_stale)
 {
 	if (IsolationUsesXactSnapshot() ||
 		VARSIZE_ANY_EXHDR(row->fingerprint) != IDEM_FINGERPRINT_LEN ||
 		memcmp(VARDATA_ANY(row->fingerprint), fingerprint,
 			   IDEM_FINGERPRINT_LEN) != 0)
 		return false;
-	if (!row->needs_reconciliation &&
-		(policy->takeover ||
-		 (row->has_locked_at ?
-		  keys_add_interval(row->locked_at, lock_timeout) : 0) > now))
+	if (!row->needs_reconciliation)
+	{
+		*turning_stale = !policy->takeover &&
+			(row->has_locked_at ?
+			 keys_add_interval(row->locked_at, lock_timeout) : 0) <= now;
 		return false;
+	}
 	ans->outcome = OUTCOME_STALE;
 	ans->http_status = 409;
 	ans->has_recovery_point = row->has_recovery_point;
@@ -1967,14 +1981,15 @@ reserve_answer_stale(const KeyRow *row, const uint8 *fingerprint,
  * Answer from the key's row, without the key's lock, if the key is finished
  * and has not expired: nothing writes such a row (a renewal needs it
  * expired, a takeover needs it processing), so its answer, a replay or a
- * mismatch, is the one the lock's holder would get; or if it is a stale
- * reservation (reserve_answer_stale).  Returns false, with *ans untouched,
- * for any other row or none.
+ * mismatch, is the one the lock's holder would get; or if it is a flagged
+ * reservation (reserve_answer_stale, which also sets *turning_stale).
+ * Returns false, with *ans untouched, for any other row or none.
  */
 static bool
 reserve_answer_finished(KeyIdent *id, const uint8 *fingerprint,
 						Interval *lock_timeout, const ScopePolicy *policy,
-						TimestampTz now, ReserveAnswer *ans)
+						TimestampTz now, ReserveAnswer *ans,
+						bool *turning_stale)
 {
 	KeyRow		row;
 
@@ -1982,7 +1997,7 @@ reserve_answer_finished(KeyIdent *id, const uint8 *fingerprint,
 		return false;
 	if (row.status == status_oids[STATUS_PROCESSING])
 		return reserve_answer_stale(&row, fingerprint, lock_timeout, policy,
-									now, ans);
+									now, ans, turning_stale);
 	if (row.expires_at <= now)
 		return false;
 	if (reserve_decide(id, &row, fingerprint, NULL, lock_timeout, policy, now,
@@ -2304,18 +2319,30 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 		now = GetCurrentTimestamp();
 		if (!locked)
 		{
+			bool		turning_stale = false;
+
 			/*
-			 * The lock is busy.  A finished key is answered from its row all
-			 * the same (the holder may be another retry being answered);
-			 * otherwise the holder's transaction is still open.
+			 * The lock is busy.  A finished or flagged key is answered from
+			 * its row all the same (the holder may be another retry being
+			 * answered).  One turning stale is most likely held by another
+			 * retry flagging it: without a wait of its own, wait a moment
+			 * (less than deadlock_timeout, so never a deadlock error) for
+			 * the lock, and answer with it.  Otherwise the holder's
+			 * transaction is still open.
 			 */
 			if (reserve_answer_finished(&id, fingerprint, &lock_timeout,
-										&policy, now, &ans))
+										&policy, now, &ans, &turning_stale))
 				break;
-			ans.outcome = OUTCOME_IN_PROGRESS;
-			ans.http_status = 409;
-			ans.retry_after = 1;
-			break;
+			if (!(turning_stale && deadline == 0 &&
+				  reserve_wait_lock(&tag, Max(1, Min(STALE_WAIT_MS,
+													 DeadlockTimeout / 2)))))
+			{
+				ans.outcome = OUTCOME_IN_PROGRESS;
+				ans.http_status = 409;
+				ans.retry_after = 1;
+				break;
+			}
+			now = GetCurrentTimestamp();
 		}
 		wrote = reserve_attempt(&id, fingerprint, &ttl, &lock_timeout,
 								&policy, now, &ans);

@@ -218,6 +218,11 @@ ROLLBACK;
 SELECT count(*) AS nn_rows FROM idempotency.keys WHERE idem_key LIKE 'nn-%';
 ALTER TABLE idempotency.keys ALTER COLUMN recovery_point DROP NOT NULL;
 UPDATE idempotency.keys SET recovery_point = NULL WHERE recovery_point = '';
+-- a default on such a column: the new key gets it
+ALTER TABLE idempotency.keys ALTER COLUMN recovery_point SET DEFAULT 'not started';
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'def-1', '{"amount": 27}'::jsonb);
+SELECT recovery_point FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key = 'def-1';
+ALTER TABLE idempotency.keys ALTER COLUMN recovery_point DROP DEFAULT;
 ALTER TABLE idempotency.keys ADD COLUMN wo_region text DEFAULT 'eu';
 BEGIN;
 SELECT outcome FROM idem_reserve('wo_a', 'orders', 'col-1', '{"amount": 19}'::jsonb);

@@ -153,6 +153,10 @@ SELECT count(*) AS bindings_of_no_role FROM idempotency.tenant_bindings WHERE ro
 -- through another role, or a superuser) warns, and binds all the same
 GRANT sec_admin TO sec_other;
 SELECT idem_bind_tenant('sec_other', 'globex');
+CREATE ROLE sec_noinherit NOINHERIT IN ROLE idempotency_admin;
+SELECT idem_bind_tenant('sec_noinherit', 'globex');
+SELECT idem_unbind_tenant('sec_noinherit');
+DROP ROLE sec_noinherit;
 CREATE ROLE sec_super SUPERUSER;
 SELECT idem_bind_tenant('sec_super', 'globex');
 SELECT idem_unbind_tenant('sec_super');

@@ -87,6 +87,42 @@ is($sub->safe_psql('postgres',
 		"SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'evil'"),
 	'1', 'one key of tenant evil, from before the binding');
 
+# what pg_restore --disable-triggers leaves (every trigger back to origin
+# only), then README's statement that sets the modes again: the triggers
+# are as a fresh install has them, and a binding that arrives after it
+# holds in the warm session
+my $modes = q{SELECT string_agg(tgrelid::regclass || '.' || tgname || '=' || tgenabled::text, ' ' ORDER BY 1)
+  FROM pg_trigger WHERE tgrelid IN ('idempotency.tenant_bindings'::regclass,
+    'idempotency.scopes'::regclass, 'idempotency.sweep_state'::regclass) AND NOT tgisinternal};
+my $fresh_modes = $pub->safe_psql('postgres', $modes);
+$sub->safe_psql('postgres', q{
+	ALTER TABLE idempotency.tenant_bindings DISABLE TRIGGER ALL;
+	ALTER TABLE idempotency.scopes DISABLE TRIGGER ALL;
+	ALTER TABLE idempotency.sweep_state DISABLE TRIGGER ALL;
+	ALTER TABLE idempotency.tenant_bindings ENABLE TRIGGER ALL;
+	ALTER TABLE idempotency.scopes ENABLE TRIGGER ALL;
+	ALTER TABLE idempotency.sweep_state ENABLE TRIGGER ALL;
+});
+isnt($sub->safe_psql('postgres', $modes), $fresh_modes,
+	'DISABLE/ENABLE TRIGGER ALL changes the modes');
+# README, "Logical replication, pg_upgrade, renames and dropped roles"
+$sub->safe_psql('postgres', q{
+	ALTER TABLE idempotency.tenant_bindings ENABLE REPLICA TRIGGER
+	tenant_bindings_replicated, ENABLE ALWAYS TRIGGER
+	tenant_bindings_changed; ALTER TABLE idempotency.scopes ENABLE REPLICA
+	TRIGGER scopes_replicated, ENABLE ALWAYS TRIGGER scopes_changed; ALTER
+	TABLE idempotency.sweep_state ENABLE ALWAYS TRIGGER sweep_state_merge;
+});
+is($sub->safe_psql('postgres', $modes), $fresh_modes,
+	"README's statement sets them as a fresh install has them");
+$pub->safe_psql('postgres', q{SELECT idem_bind_tenant('lr_app', 'globex')});
+$pub->wait_for_catchup('allsub');
+($out, $err) = run_in($warm, q{
+SELECT outcome FROM idem_reserve('acme', 'orders', 'w-5', '{}');
+});
+like($err, qr/role "lr_app" is bound to tenant "globex"/,
+	'a binding that arrives after it holds in the warm session');
+
 # the subscription's apply worker is still running (no error loop)
 is($sub->safe_psql('postgres',
 		"SELECT count(*) FROM pg_stat_subscription WHERE subname = 'allsub' AND pid IS NOT NULL"),
