@@ -105,12 +105,6 @@
 /* Retry-After bounds, in seconds, for "in_progress". */
 #define RETRY_AFTER_MAX		60
 
-/*
- * How long a reservation without a wait of its own waits for the lock of a
- * key turning stale that another session holds (reserve_common).
- */
-#define STALE_WAIT_MS		500
-
 /* Longest ttl and wait accepted. */
 #define MAX_TTL_USECS	((int64) IDEM_MAX_INTERVAL_YEARS * MONTHS_PER_YEAR * DAYS_PER_MONTH * USECS_PER_DAY)
 #define MAX_WAIT_USECS	((int64) USECS_PER_DAY)
@@ -1941,33 +1935,23 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 /*
  * A committed reservation flagged for reconciliation: whoever holds the
  * key's lock (another retry, the late completion, an operator resolving
- * it, the attempt checkpointing it) leaves it flagged or finishes it, so
- * "stale" is the answer the caller would have had a moment earlier.  One
- * past its lock_timeout in a scope that does not take over, not yet
- * flagged, is only "turning stale": the holder may be another retry
- * flagging it, or the attempt itself checkpointing (alive again) or
- * releasing it (free); *turning_stale says so, and the caller waits a
- * moment for the lock to find out.  Under REPEATABLE READ the snapshot's
- * row may be outdated: neither.  Returns false, with *ans untouched, for
- * any other row.
+ * it, the attempt checkpointing or releasing it) leaves it flagged or
+ * finishes it, so "stale" is the answer the caller would have had a moment
+ * earlier.  (One past its lock_timeout but not yet flagged may be held by
+ * the attempt checkpointing it, alive again, or releasing it, free: left
+ * to the in_progress answer.)  Under REPEATABLE READ the snapshot's row
+ * may be outdated: left to the in_progress answer too.  Returns false,
+ * with *ans untouched, for any other row.
  */
 static bool
 reserve_answer_stale(const KeyRow *row, const uint8 *fingerprint,
-					 Interval *lock_timeout, const ScopePolicy *policy,
-					 TimestampTz now, ReserveAnswer *ans, bool *turning_stale)
+					 ReserveAnswer *ans)
 {
-	if (IsolationUsesXactSnapshot() ||
+	if (IsolationUsesXactSnapshot() || !row->needs_reconciliation ||
 		VARSIZE_ANY_EXHDR(row->fingerprint) != IDEM_FINGERPRINT_LEN ||
 		memcmp(VARDATA_ANY(row->fingerprint), fingerprint,
 			   IDEM_FINGERPRINT_LEN) != 0)
 		return false;
-	if (!row->needs_reconciliation)
-	{
-		*turning_stale = !policy->takeover &&
-			(row->has_locked_at ?
-			 keys_add_interval(row->locked_at, lock_timeout) : 0) <= now;
-		return false;
-	}
 	ans->outcome = OUTCOME_STALE;
 	ans->http_status = 409;
 	ans->has_recovery_point = row->has_recovery_point;
@@ -1982,22 +1966,20 @@ reserve_answer_stale(const KeyRow *row, const uint8 *fingerprint,
  * and has not expired: nothing writes such a row (a renewal needs it
  * expired, a takeover needs it processing), so its answer, a replay or a
  * mismatch, is the one the lock's holder would get; or if it is a flagged
- * reservation (reserve_answer_stale, which also sets *turning_stale).
- * Returns false, with *ans untouched, for any other row or none.
+ * reservation (reserve_answer_stale).  Returns false, with *ans untouched,
+ * for any other row or none.
  */
 static bool
 reserve_answer_finished(KeyIdent *id, const uint8 *fingerprint,
 						Interval *lock_timeout, const ScopePolicy *policy,
-						TimestampTz now, ReserveAnswer *ans,
-						bool *turning_stale)
+						TimestampTz now, ReserveAnswer *ans)
 {
 	KeyRow		row;
 
 	if (!keys_fetch(id, false, &row))
 		return false;
 	if (row.status == status_oids[STATUS_PROCESSING])
-		return reserve_answer_stale(&row, fingerprint, lock_timeout, policy,
-									now, ans, turning_stale);
+		return reserve_answer_stale(&row, fingerprint, ans);
 	if (row.expires_at <= now)
 		return false;
 	if (reserve_decide(id, &row, fingerprint, NULL, lock_timeout, policy, now,
@@ -2319,30 +2301,22 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 		now = GetCurrentTimestamp();
 		if (!locked)
 		{
-			bool		turning_stale = false;
-
 			/*
 			 * The lock is busy.  A finished or flagged key is answered from
 			 * its row all the same (the holder may be another retry being
-			 * answered).  One turning stale is most likely held by another
-			 * retry flagging it: without a wait of its own, wait a moment
-			 * (less than deadlock_timeout, so never a deadlock error) for
-			 * the lock, and answer with it.  Otherwise the holder's
-			 * transaction is still open.
+			 * answered); otherwise the holder's transaction is still open.
+			 * (Waiting for the lock of a key turning stale, most likely
+			 * held for an instant by another retry flagging it, would put
+			 * this call in the lock graph: a session it waits for that
+			 * waits for this transaction would fail with 40P01.)
 			 */
 			if (reserve_answer_finished(&id, fingerprint, &lock_timeout,
-										&policy, now, &ans, &turning_stale))
+										&policy, now, &ans))
 				break;
-			if (!(turning_stale && deadline == 0 &&
-				  reserve_wait_lock(&tag, Max(1, Min(STALE_WAIT_MS,
-													 DeadlockTimeout / 2)))))
-			{
-				ans.outcome = OUTCOME_IN_PROGRESS;
-				ans.http_status = 409;
-				ans.retry_after = 1;
-				break;
-			}
-			now = GetCurrentTimestamp();
+			ans.outcome = OUTCOME_IN_PROGRESS;
+			ans.http_status = 409;
+			ans.retry_after = 1;
+			break;
 		}
 		wrote = reserve_attempt(&id, fingerprint, &ttl, &lock_timeout,
 								&policy, now, &ans);
