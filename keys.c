@@ -308,9 +308,25 @@ typedef struct HeldKey
 	 */
 	bool		released;
 	SubTransactionId released_subid;
+
+	/*
+	 * A reservation given up and then made again: held_subid is the
+	 * subtransaction that made it again, and held_after_subid the
+	 * released_subid it replaced; if it aborts, the reservation is given
+	 * up again.
+	 */
+	SubTransactionId held_subid;
+	SubTransactionId held_after_subid;
 } HeldKey;
 
 static HTAB *held_keys = NULL;
+
+/*
+ * The keys table held_keys's reservations belong to: a DROP EXTENSION in
+ * the same transaction takes them with the table (held_forget_all).
+ */
+static Oid	held_relid = InvalidOid;
+static void held_forget_all(void);
 static bool held_callbacks_registered = false;
 static HTAB *scope_cache = NULL;
 
@@ -518,6 +534,9 @@ keys_ensure_cache(void)
 		if (!OidIsValid(scopes_relid) || !OidIsValid(keys_relid) ||
 			!OidIsValid(keys_pkey_relid))
 			elog(ERROR, "tables of the idempotency extension not found");
+		/* the extension was dropped and created again in this transaction */
+		if (held_keys != NULL && held_relid != keys_relid)
+			held_forget_all();
 		scopes_have_retryable =
 			get_attnum(scopes_relid, "retryable_codes") != InvalidAttrNumber;
 		for (i = 0; i < KEYS_ATT_COUNT; i++)
@@ -713,6 +732,15 @@ keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
  */
 
 static void held_flush_all(void);
+
+/* Drop this transaction's reservations of a keys table that is gone. */
+static void
+held_forget_all(void)
+{
+	hash_destroy(held_keys);
+	held_keys = NULL;
+	held_relid = InvalidOid;
+}
 static bool held_flush_key(KeyIdent *id);
 static HeldKey *held_find(KeyIdent *id);
 
@@ -775,6 +803,14 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 				entry->released = false;
 				entry->released_subid = InvalidSubTransactionId;
 			}
+			if (!entry->released && entry->held_subid != InvalidSubTransactionId &&
+				entry->held_subid >= mySubid)
+			{
+				/* and making it again after it was given up */
+				entry->released = true;
+				entry->released_subid = entry->held_after_subid;
+				entry->held_subid = InvalidSubTransactionId;
+			}
 		}
 	}
 }
@@ -805,6 +841,7 @@ held_enter(KeyIdent *id, bool *found)
 		ctl.hcxt = TopTransactionContext;
 		held_keys = hash_create("idempotency reservations of this transaction",
 								16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+		held_relid = keys_relid;
 	}
 	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_ENTER, found);
 	if (!*found)
@@ -815,6 +852,12 @@ held_enter(KeyIdent *id, bool *found)
 		entry->pending = false;
 		entry->consumed_subid = InvalidSubTransactionId;
 		entry->fingerprint = NULL;
+		entry->held_subid = InvalidSubTransactionId;
+	}
+	else if (entry->released)
+	{
+		entry->held_subid = GetCurrentSubTransactionId();
+		entry->held_after_subid = entry->released_subid;
 	}
 	entry->released = false;
 	entry->released_subid = InvalidSubTransactionId;
@@ -1616,6 +1659,12 @@ held_flush_all(void)
 
 	if (held_keys == NULL)
 		return;
+	/* the table went with a DROP EXTENSION in this transaction */
+	if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(held_relid)))
+	{
+		held_forget_all();
+		return;
+	}
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
 	hash_seq_init(&status, held_keys);
 	while ((entry = (HeldKey *) hash_seq_search(&status)) != NULL)

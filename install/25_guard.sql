@@ -80,7 +80,7 @@ SELECT c.oid::pg_catalog.regclass AS table_name,
           AND t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_require_reservation()'::pg_catalog.regprocedure
           AND t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::pg_catalog."char"[])
        HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 0) AS g ON true
- WHERE c.relkind OPERATOR(pg_catalog.=) ANY ('{r,p}'::pg_catalog."char"[])
+ WHERE c.relkind OPERATOR(pg_catalog.=) ANY ('{r,p,f}'::pg_catalog."char"[])
    AND n.nspname OPERATOR(pg_catalog.<>) ALL ('{pg_catalog,information_schema,pg_toast,idempotency}'::pg_catalog.name[])
    AND n.nspname::pg_catalog.text NOT LIKE 'pg\_temp\_%'
    AND n.nspname::pg_catalog.text NOT LIKE 'pg\_toast\_temp\_%'

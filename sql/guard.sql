@@ -131,6 +131,29 @@ SELECT idem_release('g_a', 'POST /v1/charges', 'c-rel2');
 SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel2', '{"amount": 7}'::jsonb);
 INSERT INTO shop.charges VALUES (11, 110);
 ROLLBACK;
+-- ...but reserving it again in a savepoint that rolls back leaves it given
+-- up (after a release, and after a completion that releases it)
+BEGIN;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel3', '{"amount": 7}'::jsonb);
+SELECT idem_release('g_a', 'POST /v1/charges', 'c-rel3');
+SAVEPOINT s;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel3', '{"amount": 7}'::jsonb);
+ROLLBACK TO SAVEPOINT s;
+SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (12, 120)$$);
+ROLLBACK;
+BEGIN;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel4', '{"amount": 7}'::jsonb);
+SELECT idem_complete('g_a', 'POST /v1/charges', 'c-rel4', 503, '{}') IS NULL AS released;
+SAVEPOINT s;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel4', '{"amount": 7}'::jsonb);
+SAVEPOINT inner_s;
+RELEASE SAVEPOINT inner_s;
+ROLLBACK TO SAVEPOINT s;
+SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (13, 130)$$);
+-- and made again for good, it opens the table
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel4', '{"amount": 7}'::jsonb);
+INSERT INTO shop.charges VALUES (13, 130);
+ROLLBACK;
 -- the bypass: administrators only, inside a transaction block, with a reason
 CREATE ROLE guard_app IN ROLE idempotency_app;
 CREATE ROLE guard_admin IN ROLE idempotency_admin;
@@ -226,6 +249,17 @@ CREATE TRIGGER pay_rows_need_key BEFORE INSERT ON shop.pay
 SELECT pg_temp.err($$INSERT INTO shop.pay_a VALUES (3, 3)$$);
 SELECT table_name, guarded, triggers FROM idempotency.guard_coverage
  WHERE table_name::text LIKE 'shop.pay%' ORDER BY table_name::text;
+-- a foreign table is a table the application writes too: listed
+CREATE FOREIGN DATA WRAPPER guard_fdw;
+CREATE SERVER guard_srv FOREIGN DATA WRAPPER guard_fdw;
+CREATE FOREIGN TABLE shop.remote_ledger (id int) SERVER guard_srv;
+SELECT table_name, guarded FROM idempotency.guard_coverage WHERE table_name = 'shop.remote_ledger'::regclass;
+CREATE TRIGGER ledger_need_key BEFORE INSERT ON shop.remote_ledger
+    FOR EACH ROW EXECUTE FUNCTION idem_require_reservation();
+SELECT table_name, guarded FROM idempotency.guard_coverage WHERE table_name = 'shop.remote_ledger'::regclass;
+DROP FOREIGN TABLE shop.remote_ledger;
+DROP SERVER guard_srv;
+DROP FOREIGN DATA WRAPPER guard_fdw;
 -- the extension's own tables are not listed
 SELECT count(*) FROM idempotency.guard_coverage WHERE table_name::text LIKE 'idempotency.%';
 

@@ -115,6 +115,28 @@ $node->safe_psql('postgres',
 	'DROP EXTENSION idempotency; CREATE EXTENSION idempotency;');
 round($warm, 'after DROP and CREATE EXTENSION elsewhere');
 
+# in the transaction that holds a reservation not yet written: the
+# reservation goes with the table, the DROP commits, and a new install in
+# the same transaction starts without it
+($out, $err) = run_in($warm, q{
+BEGIN;
+SELECT outcome FROM idem_reserve('warm', 'orders', 'dropped-1', '{}');
+DROP EXTENSION idempotency;
+COMMIT;
+SELECT count(*) FROM pg_extension WHERE extname = 'idempotency';
+CREATE EXTENSION idempotency;
+BEGIN;
+SELECT outcome FROM idem_reserve('warm', 'orders', 'dropped-2', '{}');
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency;
+SELECT outcome FROM idem_reserve('warm', 'orders', 'dropped-2', '{}');
+COMMIT;
+SELECT status FROM idempotency.keys WHERE idem_key LIKE 'dropped-%';
+});
+is($err, '', 'DROP EXTENSION after a reservation in the same transaction');
+is($out, "created\n0\ncreated\ncreated\nprocessing",
+	'the reservation went with the table; a new install starts without it');
+
 $warm->quit;
 
 # ALTER EXTENSION UPDATE under a warm session: a database on 1.0, used
