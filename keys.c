@@ -289,11 +289,9 @@ typedef struct HeldKey
 	 * pending at commit (or PREPARE) is inserted then, as "processing".
 	 * Any other access to the key inserts it first.  The lock, held to the
 	 * end of the transaction, answers other sessions as the uncommitted
-	 * row did.  consumed_subid is the subtransaction that wrote or dropped
-	 * the pending row: if it aborts, the row is pending again.
+	 * row did.
 	 */
 	bool		pending;
-	SubTransactionId consumed_subid;
 	Datum		ident[3];		/* tenant, scope, key as text */
 	bytea	   *fingerprint;
 	TimestampTz locked_at;
@@ -303,21 +301,33 @@ typedef struct HeldKey
 	/*
 	 * The transaction gave the reservation up (released it, or completed
 	 * it with a code that releases): the guard no longer counts it.
-	 * released_subid is the subtransaction that did; if it aborts, the
-	 * reservation is held again.
 	 */
 	bool		released;
-	SubTransactionId released_subid;
 
 	/*
-	 * A reservation given up and then made again: held_subid is the
-	 * subtransaction that made it again, and held_after_subid the
-	 * released_subid it replaced; if it aborts, the reservation is given
-	 * up again.
+	 * What a subtransaction changed (pending, released, token), undone if
+	 * it aborts: the state before the first change each subtransaction
+	 * made, newest first (HeldUndo).
 	 */
-	SubTransactionId held_subid;
-	SubTransactionId held_after_subid;
+	struct HeldUndo *undo;
 } HeldKey;
+
+/*
+ * The state of a HeldKey before subtransaction "subid" first changed it.
+ * Subtransaction IDs grow in start order, and while a subtransaction runs
+ * only it and the ones it starts change anything: so the records of the
+ * subtransactions an abort undoes are the ones on top of the stack with
+ * an ID at least the aborted one's, and the state to go back to is the
+ * deepest of them.
+ */
+typedef struct HeldUndo
+{
+	SubTransactionId subid;
+	bool		pending;
+	bool		released;
+	pg_uuid_t	token;
+	struct HeldUndo *next;
+} HeldUndo;
 
 static HTAB *held_keys = NULL;
 
@@ -790,29 +800,51 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 			(void) hash_search(held_keys, &entry->hash, HASH_REMOVE, NULL);
 		else
 		{
-			if (entry->fingerprint != NULL && !entry->pending &&
-				entry->consumed_subid >= mySubid)
+			HeldUndo   *u = entry->undo;
+			HeldUndo   *oldest = NULL;
+
+			/*
+			 * What the aborted subtransaction and its descendants changed
+			 * (writing or dropping the pending row, giving the reservation
+			 * up, making it again with another token) is undone.
+			 */
+			while (u != NULL && u->subid >= mySubid)
 			{
-				/* the write (or the release) of the pending row is undone */
-				entry->pending = true;
-				entry->consumed_subid = InvalidSubTransactionId;
+				oldest = u;
+				u = u->next;
 			}
-			if (entry->released && entry->released_subid >= mySubid)
+			if (oldest != NULL)
 			{
-				/* so is giving the reservation up */
-				entry->released = false;
-				entry->released_subid = InvalidSubTransactionId;
+				entry->pending = oldest->pending;
+				entry->released = oldest->released;
+				entry->token = oldest->token;
 			}
-			if (!entry->released && entry->held_subid != InvalidSubTransactionId &&
-				entry->held_subid >= mySubid)
-			{
-				/* and making it again after it was given up */
-				entry->released = true;
-				entry->released_subid = entry->held_after_subid;
-				entry->held_subid = InvalidSubTransactionId;
-			}
+			entry->undo = u;
 		}
 	}
+}
+
+/*
+ * Before "entry" changes: record its state for the current subtransaction
+ * (HeldUndo), once per subtransaction.  An entry made in this
+ * subtransaction or one of its committed children goes whole if it aborts.
+ */
+static void
+held_save(HeldKey *entry)
+{
+	SubTransactionId cur = GetCurrentSubTransactionId();
+	HeldUndo   *u;
+
+	if (cur <= entry->subid ||
+		(entry->undo != NULL && entry->undo->subid == cur))
+		return;
+	u = MemoryContextAlloc(TopTransactionContext, sizeof(HeldUndo));
+	u->subid = cur;
+	u->pending = entry->pending;
+	u->released = entry->released;
+	u->token = entry->token;
+	u->next = entry->undo;
+	entry->undo = u;
 }
 
 /*
@@ -850,17 +882,16 @@ held_enter(KeyIdent *id, bool *found)
 		entry->subid = GetCurrentSubTransactionId();
 		entry->scope = MemoryContextStrdup(TopTransactionContext, id->scope);
 		entry->pending = false;
-		entry->consumed_subid = InvalidSubTransactionId;
 		entry->fingerprint = NULL;
-		entry->held_subid = InvalidSubTransactionId;
+		entry->undo = NULL;
+		entry->released = false;
 	}
-	else if (entry->released)
+	else
 	{
-		entry->held_subid = GetCurrentSubTransactionId();
-		entry->held_after_subid = entry->released_subid;
+		/* the caller may set the token too */
+		held_save(entry);
+		entry->released = false;
 	}
-	entry->released = false;
-	entry->released_subid = InvalidSubTransactionId;
 	return entry;
 }
 
@@ -884,8 +915,8 @@ held_forget(KeyIdent *id)
 
 	if (entry == NULL)
 		return;
+	held_save(entry);
 	entry->released = true;
-	entry->released_subid = GetCurrentSubTransactionId();
 }
 
 /*
@@ -901,6 +932,10 @@ idem_holds_reservation(char **scopes, int nscopes)
 	HASH_SEQ_STATUS status;
 	HeldKey    *entry;
 
+	if (held_keys == NULL)
+		return false;
+	/* after DROP and CREATE EXTENSION in this transaction: none of these */
+	keys_ensure_cache();
 	if (held_keys == NULL)
 		return false;
 	hash_seq_init(&status, held_keys);
@@ -1560,7 +1595,6 @@ held_defer(KeyIdent *id, Datum *values)
 	entry->expires_at = DatumGetTimestampTz(values[6]);
 	entry->owner = GetUserId();
 	entry->pending = true;
-	entry->consumed_subid = InvalidSubTransactionId;
 	return true;
 }
 
@@ -1577,8 +1611,8 @@ held_pending(KeyIdent *id)
 static void
 held_consume(HeldKey *entry)
 {
+	held_save(entry);
 	entry->pending = false;
-	entry->consumed_subid = GetCurrentSubTransactionId();
 }
 
 /*

@@ -154,6 +154,36 @@ SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (13, 130)$$);
 SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel4', '{"amount": 7}'::jsonb);
 INSERT INTO shop.charges VALUES (13, 130);
 ROLLBACK;
+-- nested: given up, made again in savepoint a, given up and made again in
+-- savepoints b and c; back to a, it is given up as it was before a
+BEGIN;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel5', '{"amount": 7}'::jsonb);
+SELECT idem_release('g_a', 'POST /v1/charges', 'c-rel5');
+SAVEPOINT a;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel5', '{"amount": 7}'::jsonb);
+SAVEPOINT b;
+SELECT idem_release('g_a', 'POST /v1/charges', 'c-rel5');
+SAVEPOINT c;
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel5', '{"amount": 7}'::jsonb);
+ROLLBACK TO SAVEPOINT b;
+-- back to b: made again in a, held
+INSERT INTO shop.charges VALUES (14, 140);
+ROLLBACK TO SAVEPOINT a;
+SELECT pg_temp.err($$INSERT INTO shop.charges VALUES (15, 150)$$);
+ROLLBACK;
+-- held, then given up and made again in a savepoint that rolls back: held,
+-- with its first token (the row written at commit carries it)
+BEGIN;
+SELECT lock_token AS first_tok FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel6', '{"amount": 7}'::jsonb) \gset
+SAVEPOINT s;
+SELECT idem_release('g_a', 'POST /v1/charges', 'c-rel6');
+SELECT outcome FROM idem_reserve('g_a', 'POST /v1/charges', 'c-rel6', '{"amount": 7}'::jsonb);
+ROLLBACK TO SAVEPOINT s;
+INSERT INTO shop.charges VALUES (16, 160);
+COMMIT;
+SELECT status, lock_token = :'first_tok' AS first_token FROM idempotency.keys
+ WHERE tenant_id = 'g_a' AND idem_key = 'c-rel6';
+SELECT idem_complete('g_a', 'POST /v1/charges', 'c-rel6', 201, '{}', lock_token => :'first_tok');
 -- the bypass: administrators only, inside a transaction block, with a reason
 CREATE ROLE guard_app IN ROLE idempotency_app;
 CREATE ROLE guard_admin IN ROLE idempotency_admin;
