@@ -136,6 +136,20 @@ SELECT status FROM idempotency.keys WHERE idem_key LIKE 'dropped-%';
 is($err, '', 'DROP EXTENSION after a reservation in the same transaction');
 is($out, "created\n0\ncreated\ncreated\nprocessing",
 	'the reservation went with the table; a new install starts without it');
+# nor does the coverage guard of the new install count it
+($out, $err) = run_in($warm, q{
+BEGIN;
+SELECT outcome FROM idem_reserve('warm', 'orders', 'dropped-3', '{}');
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency;
+CREATE TABLE dropped_charges (id int);
+CREATE TRIGGER need_key BEFORE INSERT ON dropped_charges
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_require_reservation('orders');
+INSERT INTO dropped_charges VALUES (1);
+ROLLBACK;
+});
+like($err, qr/INSERT into public.dropped_charges requires an idempotency reservation/,
+	"the new install's guard does not count the old install's reservation");
 
 $warm->quit;
 
