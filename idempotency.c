@@ -24,7 +24,6 @@
 #include "access/table.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
-#include "catalog/pg_authid.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
@@ -431,7 +430,40 @@ idem_check_tenant(const char *tenant)
 				 errhint("Pass the tenant the session was authenticated for, or reset idempotency.tenant.")));
 }
 
-static void bind_warn_unconfined(Oid role);
+/*
+ * A binding confines what a role does through the functions that take a
+ * tenant.  A superuser, or a role that has or can take the privileges of
+ * idempotency_admin (a member, even NOINHERIT; one with its ADMIN OPTION;
+ * before PostgreSQL 16, one with CREATEROLE), also reads every tenant's
+ * rows in the tables and changes bindings, its own included: say so when
+ * such a role is bound (the binding is stored all the same; the role may
+ * lose the privilege later).
+ */
+static void
+bind_warn_unconfined(Oid role)
+{
+	Oid			admin = get_role_oid("idempotency_admin", true);
+	const char *what;
+
+	if (superuser_arg(role))
+		what = "is a superuser";
+	else if (OidIsValid(admin) && is_member_of_role(role, admin))
+		what = "is a member of idempotency_admin";
+	else if (OidIsValid(admin) && is_admin_of_role(role, admin))
+		what = "may grant itself idempotency_admin";
+#if PG_VERSION_NUM < 160000
+	else if (has_createrole_privilege(role))
+		what = "has CREATEROLE, which may grant it idempotency_admin";
+#endif
+	else
+		return;
+	ereport(WARNING,
+			(errcode(ERRCODE_WARNING),
+			 errmsg("role \"%s\" %s: the binding does not confine it",
+					GetUserNameFromId(role, false), what),
+			 errdetail("The functions that take a tenant refuse another one, but this role reads every tenant's rows in the extension's tables and can change bindings, its own included."),
+			 errhint("Bind the roles services log in as; grant idempotency_admin to people.")));
+}
 
 /*
  * idem_bind_tenant(role regrole, tenant text) RETURNS void
@@ -472,50 +504,6 @@ idem_bind_tenant(PG_FUNCTION_ARGS)
 	SPI_finish();
 	bind_warn_unconfined(PG_GETARG_OID(0));
 	PG_RETURN_VOID();
-}
-
-/*
- * A binding confines what a role does through the functions that take a
- * tenant.  A superuser, or a role that has or can take the privileges of
- * idempotency_admin (a member, even NOINHERIT, one with its ADMIN OPTION,
- * or before PostgreSQL 16 one with CREATEROLE), also reads every tenant's rows in the tables and changes bindings, its
- * own included: say so when such a role is bound (the binding is stored
- * all the same; the role may lose the privilege later).
- */
-static void
-bind_warn_unconfined(Oid role)
-{
-	Oid			admin = get_role_oid("idempotency_admin", true);
-	const char *what;
-
-	HeapTuple	tup;
-	bool		createrole = false;
-
-	tup = SearchSysCache1(AUTHOID, ObjectIdGetDatum(role));
-	if (HeapTupleIsValid(tup))
-	{
-		createrole = ((Form_pg_authid) GETSTRUCT(tup))->rolcreaterole;
-		ReleaseSysCache(tup);
-	}
-	if (superuser_arg(role))
-		what = "is a superuser";
-	else if (OidIsValid(admin) && is_member_of_role(role, admin))
-		what = "is a member of idempotency_admin";
-	else if (OidIsValid(admin) && is_admin_of_role(role, admin))
-		what = "may grant itself idempotency_admin";
-#if PG_VERSION_NUM < 160000
-	else if (createrole)
-		what = "has CREATEROLE, which may grant it idempotency_admin";
-#endif
-	else
-		return;
-	(void) createrole;
-	ereport(WARNING,
-			(errcode(ERRCODE_WARNING),
-			 errmsg("role \"%s\" %s: the binding does not confine it",
-					GetUserNameFromId(role, false), what),
-			 errdetail("The functions that take a tenant refuse another one, but this role reads every tenant's rows in the extension's tables and can change bindings, its own included."),
-			 errhint("Bind the roles services log in as; grant idempotency_admin to people.")));
 }
 
 /*

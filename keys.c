@@ -742,15 +742,6 @@ keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
  */
 
 static void held_flush_all(void);
-
-/* Drop this transaction's reservations of a keys table that is gone. */
-static void
-held_forget_all(void)
-{
-	hash_destroy(held_keys);
-	held_keys = NULL;
-	held_relid = InvalidOid;
-}
 static bool held_flush_key(KeyIdent *id);
 static HeldKey *held_find(KeyIdent *id);
 
@@ -822,6 +813,15 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 			entry->undo = u;
 		}
 	}
+}
+
+/* Drop this transaction's reservations of a keys table that is gone. */
+static void
+held_forget_all(void)
+{
+	hash_destroy(held_keys);
+	held_keys = NULL;
+	held_relid = InvalidOid;
 }
 
 /*

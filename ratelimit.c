@@ -87,8 +87,8 @@ typedef struct RateEntry
 {
 	RateKey		key;			/* hash key: must be first */
 	pg_atomic_uint64 tat;		/* theoretical arrival time, microseconds */
-	pg_atomic_uint64 rate;		/* the interval and burst tat was set under
-								 * (rate_signature), or 0 */
+	pg_atomic_uint64 rate;		/* a hash of the interval and burst tat was
+								 * set under (idem_rate_admit), or 0 */
 	pg_atomic_uint64 live;		/* live keys: last count + admitted since */
 	pg_atomic_uint64 recount_at;	/* no count before (claimed until),
 									 * microseconds */
