@@ -129,6 +129,7 @@ PG_FUNCTION_INFO_V1(idem_fingerprint);
 typedef struct CanonSink
 {
 	int			len;			/* bytes used in buf */
+	Size		written;		/* bytes handed to the destination */
 	StringInfo	text;			/* destination when building text */
 #ifdef USE_OPENSSL
 	EVP_MD_CTX *hash;			/* destination when fingerprinting */
@@ -321,6 +322,7 @@ hash_end(CanonSink *sink, uint8 *result)
 static void
 sink_write(CanonSink *sink, const char *data, size_t len)
 {
+	sink->written += len;
 	if (sink->text != NULL)
 		appendBinaryStringInfo(sink->text, data, (int) len);
 	else
@@ -1464,11 +1466,12 @@ write_canonical(CanonState *st, Jsonb *request)
  * idem_compute_fingerprint
  *		SHA-256 of the canonical form of "request" without the members named
  *		by "ignore" (text[] of JSON Pointers, or NULL), into result
- *		(IDEM_FINGERPRINT_LEN bytes).  Pointers are checked before anything
- *		is hashed.  Takes no locks, writes nothing but result; memory it
- *		allocates is freed before it returns.
+ *		(IDEM_FINGERPRINT_LEN bytes); returns the length of the canonical
+ *		text hashed.  Pointers are checked before anything is hashed.  Takes
+ *		no locks, writes nothing but result; memory it allocates is freed
+ *		before it returns.
  */
-void
+Size
 idem_compute_fingerprint(Jsonb *request, ArrayType *ignore, uint8 *result)
 {
 	CanonState	st;
@@ -1477,12 +1480,14 @@ idem_compute_fingerprint(Jsonb *request, ArrayType *ignore, uint8 *result)
 	init_state(&st, ignore);
 
 	sink.len = 0;
+	sink.written = 0;
 	sink.text = NULL;
 	hash_begin(&sink);
 	st.sink = &sink;
 	write_canonical(&st, request);
 	hash_end(&sink, result);
 	free_state(&st);
+	return sink.written;
 }
 
 /*
@@ -1497,6 +1502,7 @@ canonical_into(Jsonb *request, ArrayType *ignore, StringInfo buf)
 	init_state(&st, ignore);
 
 	sink.len = 0;
+	sink.written = 0;
 	sink.text = buf;
 	sink.hash = NULL;
 	st.sink = &sink;

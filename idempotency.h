@@ -190,8 +190,9 @@ extern bool idem_quota_recounted(const char *tenant, const char *scope,
  * Errors: 22003 for a number outside the double range; for the pointers
  * (checked before the request is read) 22P02 when malformed, 22023 for ""
  * (the whole request), 22004 for a NULL element.  Frees what it allocates.
+ * Returns the length of the canonical text hashed.
  */
-extern void idem_compute_fingerprint(Jsonb *request, ArrayType *ignore,
+extern Size idem_compute_fingerprint(Jsonb *request, ArrayType *ignore,
 									 uint8 *result);
 
 /* ----------------------------------------------------------------

@@ -401,7 +401,7 @@ idem_keys_init(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("idempotency.max_request_size",
-							gettext_noop("Largest request body idem_reserve accepts."),
+							gettext_noop("Largest request idem_reserve accepts, as canonical JSON text."),
 							NULL,
 							&idem_max_request_size,
 							1024 * 1024, 1, INT_MAX,
@@ -410,7 +410,7 @@ idem_keys_init(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("idempotency.max_response_size",
-							gettext_noop("Largest stored response (body plus headers) idem_complete accepts."),
+							gettext_noop("Largest response (body plus headers, as stored in jsonb) idem_complete accepts."),
 							NULL,
 							&idem_max_response_size,
 							1024 * 1024, 1, INT_MAX,
@@ -2259,13 +2259,20 @@ reserve_check_args(FunctionCallInfo fcinfo, int request_arg,
 				 errhint("Pass the request body as request, or its SHA-256 as fingerprint => idem_fingerprint(body), not both.")));
 	if (*from_request)
 	{
+		/*
+		 * idempotency.max_request_size counts the canonical text, known once
+		 * the fingerprint is computed (in reserve_common).  A jsonb takes
+		 * a few times its text at most (four to six for an array of small
+		 * numbers), so one over eight times the limit is refused without
+		 * being read.
+		 */
 		Size		size = keys_datum_size(fcinfo, request_arg);
 
-		if (size > (Size) idem_max_request_size)
+		if (size / 8 > (Size) idem_max_request_size)
 			ereport(ERROR,
 					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 					 errmsg("request is too large to fingerprint"),
-					 errdetail("The request takes %zu bytes; idempotency.max_request_size is %d bytes.",
+					 errdetail("The request takes %zu bytes as jsonb, more than eight times idempotency.max_request_size (%d bytes).",
 							   size, idem_max_request_size),
 					 errhint("Send a smaller request, or raise idempotency.max_request_size.")));
 	}
@@ -2351,8 +2358,19 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 
 	keys_scope_policy(id.scope, &policy, true);
 	if (from_request)
-		idem_compute_fingerprint(PG_GETARG_JSONB_P(request_arg), policy.ignore,
-								 fingerprint);
+	{
+		Size		text_len;
+
+		text_len = idem_compute_fingerprint(PG_GETARG_JSONB_P(request_arg),
+											policy.ignore, fingerprint);
+		if (text_len > (Size) idem_max_request_size)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("request is too large to fingerprint"),
+					 errdetail("The request's canonical JSON text takes %zu bytes; idempotency.max_request_size is %d bytes.",
+							   text_len, idem_max_request_size),
+					 errhint("Send a smaller request, or raise idempotency.max_request_size.")));
+	}
 	if (ttl_arg != NULL)
 		ttl = *ttl_arg;
 	else if (policy.has_ttl)

@@ -14,3 +14,15 @@ END
 $$;
 GRANT idempotency_app TO client_app;
 GRANT idempotency_worker TO client_worker;
+
+-- A handler for idem_execute (README, From your language: how each driver
+-- passes its name)
+CREATE OR REPLACE FUNCTION public.conformance_order(tenant text, key text, request jsonb)
+RETURNS idempotency.response
+LANGUAGE sql
+SET search_path = pg_catalog
+AS $$
+    SELECT ROW(201, pg_catalog.jsonb_build_object('order', key), NULL)::idempotency.response
+$$;
+REVOKE ALL ON FUNCTION public.conformance_order(text, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION public.conformance_order(text, text, jsonb) TO client_app;

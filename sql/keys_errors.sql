@@ -72,6 +72,36 @@ SET idempotency.max_request_size = 64;
 SELECT pg_temp.err(format('SELECT idem_reserve(%L, %L, %L, %L::jsonb)', 'ke_a', 'orders',
                           'big', json_build_object('pad', repeat('x', 100))));
 SELECT (idem_reserve('ke_a', 'orders', 'small', '{"a": 1}'::jsonb)).outcome;
+-- the request limit counts the canonical JSON text (what is hashed), not
+-- jsonb's binary form, which takes six times the text for an array of
+-- small numbers: 400 numbers are 801 bytes of text and 4,804 as jsonb
+SET idempotency.max_request_size = 1000;
+CREATE TEMP TABLE digits (n int, j jsonb);
+ALTER TABLE digits ALTER COLUMN j SET STORAGE EXTERNAL;
+INSERT INTO digits SELECT n, (SELECT jsonb_agg(1) FROM generate_series(1, n))
+  FROM (VALUES (400), (500), (2000)) v(n);
+SELECT n, length(idem_canonical(j)) AS text_bytes, pg_column_size(j) AS jsonb_bytes FROM digits ORDER BY n;
+SELECT (idem_reserve('ke_size', 'orders', 'digits', j)).outcome FROM digits WHERE n = 400;
+-- over the limit as text (1,001 bytes), or over eight times it as jsonb
+-- (refused before it is read): the detail says which
+DO $$
+DECLARE
+    r record;
+    st text;
+    detail text;
+BEGIN
+    FOR r IN SELECT n, j FROM digits WHERE n > 400 ORDER BY n LOOP
+        BEGIN
+            PERFORM idem_reserve('ke_size', 'orders', 'digits-' || r.n, r.j);
+            RAISE NOTICE '% numbers: no error', r.n;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, detail = PG_EXCEPTION_DETAIL;
+            RAISE NOTICE '% numbers: % %', r.n, st, detail;
+        END;
+    END LOOP;
+END
+$$;
+SELECT idem_key FROM idempotency.keys WHERE tenant_id = 'ke_size';
 RESET idempotency.max_request_size;
 SET idempotency.max_response_size = 64;
 SELECT pg_temp.err(format('SELECT idem_complete(%L, %L, %L, 200, %L::jsonb)', 'ke_a', 'orders',

@@ -174,6 +174,19 @@ for my $case (
 		"$key: the capture queued carries that authorization");
 }
 
+# amounts the charges table cannot hold, or with more digits than Python's
+# decimal context rounds, are a 422 problem, before anything is reserved
+for my $amount ('1e400', '1e26', '100000000000000000000000000', '10000000000', '12.345')
+{
+	my $key = "amount-$amount";
+	my $r = post_charge('pipelined', $key,
+		qq({"amount": $amount, "currency": "EUR", "customer": "cus_1"}));
+	is($r->{status}, 422, "amount $amount: 422");
+	like($r->{headers}{'content-type'}, qr{application/problem\+json},
+		"amount $amount: problem+json");
+	is(key_state($key), 'none charges=0', "amount $amount: nothing reserved or charged");
+}
+
 # a declined card: a permanent failure, stored and replayed
 my $decl = { amount => 30, currency => 'EUR', customer => 'cus_declined' };
 my $r = post_charge('pipelined', 'declined-1', $decl);

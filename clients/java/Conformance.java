@@ -260,6 +260,56 @@ public class Conformance {
             }
         });
 
+        // idem_execute's handler is a regproc: setObject(..., Types.OTHER),
+        // or setString under stringtype=unspecified; a plain setString is
+        // varchar, which regproc does not accept (42883)
+        step("idem_execute, handler as Types.OTHER: created, then replay", () -> {
+            String exec = "SELECT outcome, http_status, response_body FROM idem_execute(?, ?, ?, ?, ?)";
+            for (String want : new String[] {"created", "replay"}) {
+                try (PreparedStatement ps = app.prepareStatement(exec)) {
+                    ps.setString(1, tenant);
+                    ps.setString(2, SCOPE);
+                    ps.setString(3, "order-exec");
+                    ps.setObject(4, ORDER, Types.OTHER);
+                    ps.setObject(5, "public.conformance_order", Types.OTHER);
+                    try (ResultSet rs = ps.executeQuery()) {
+                        rs.next();
+                        String got = describe(rs);
+                        app.commit();
+                        expect(rs.getString("outcome").equals(want) && rs.getInt("http_status") == 201
+                                && rs.getString("response_body").contains("order-exec"), got);
+                    }
+                }
+            }
+        });
+
+        step("idem_execute, handler with setString: 42883; under stringtype=unspecified: replay", () -> {
+            String exec = "SELECT outcome FROM idem_execute(?, ?, ?, ?, ?)";
+            try (PreparedStatement ps = app.prepareStatement(exec)) {
+                ps.setString(1, tenant);
+                ps.setString(2, SCOPE);
+                ps.setString(3, "order-exec");
+                ps.setObject(4, ORDER, Types.OTHER);
+                ps.setString(5, "public.conformance_order");
+                ps.executeQuery().close();
+                throw new AssertionError("no error");
+            } catch (SQLException e) {
+                app.rollback();
+                expect("42883".equals(e.getSQLState()), e.getSQLState() + " " + e.getMessage());
+            }
+            try (PreparedStatement ps = other.prepareStatement(exec)) {
+                ps.setString(1, tenant);
+                ps.setString(2, SCOPE);
+                ps.setString(3, "order-exec");
+                ps.setString(4, ORDER);
+                ps.setString(5, "public.conformance_order");
+                try (ResultSet rs = ps.executeQuery()) {
+                    rs.next();
+                    expect(rs.getString("outcome").equals("replay"), describe(rs));
+                }
+            }
+        });
+
         step("empty key: SQLSTATE 22004", () -> {
             try (PreparedStatement ps = other.prepareStatement(RESERVE)) {
                 ps.setString(1, tenant);

@@ -169,6 +169,10 @@ class ProviderUnavailable(Exception):
     """The provider did not answer in time, or answered 5xx: try again."""
 
 
+# the largest amount payments.charges.amount (numeric(12, 2)) holds, plus a cent
+MAX_AMOUNT = Decimal("10000000000")
+
+
 def parse_charge(raw):
     """Validate the body; return (text to fingerprint, amount, currency, customer)."""
     try:
@@ -184,8 +188,13 @@ def parse_charge(raw):
     if isinstance(amount, bool) or not isinstance(amount, (int, Decimal)):
         raise Problem(422, "Invalid amount", "amount must be a JSON number.")
     amount = Decimal(amount)
-    if not amount.is_finite() or amount <= 0 or amount != round(amount, 2):
-        raise Problem(422, "Invalid amount", "amount must be positive, with at most 2 decimals.")
+    # below MAX_AMOUNT (the charges column's numeric(12, 2)) before rounding:
+    # round() of a number with more digits than the decimal context holds
+    # (1e26, 1e400) raises instead of answering
+    if (not amount.is_finite() or amount <= 0 or amount >= MAX_AMOUNT
+            or amount != round(amount, 2)):
+        raise Problem(422, "Invalid amount",
+                      "amount must be positive, below 10000000000, with at most 2 decimals.")
     currency = body.get("currency")
     customer = body.get("customer")
     if not isinstance(currency, str) or len(currency) != 3:
