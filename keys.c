@@ -1906,6 +1906,19 @@ reserve_rate_limited(KeyIdent *id, const ScopePolicy *policy,
 	return true;
 }
 
+/*
+ * Whether "row", a reservation at work, is the one this transaction holds
+ * (made, taken over or made again here, and not given up).
+ */
+static bool
+reserve_held_here(KeyIdent *id, const KeyRow *row)
+{
+	HeldKey    *entry = held_find(id);
+
+	return entry != NULL && !entry->released && row->has_token &&
+		memcmp(&entry->token, &row->token, sizeof(pg_uuid_t)) == 0;
+}
+
 /* What reserve_decide did with a key whose row exists. */
 typedef enum ReserveDecision
 {
@@ -1978,11 +1991,17 @@ reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 		return DECIDED_READ;
 	}
 
+	/*
+	 * In progress until it turns stale; and this transaction's own
+	 * reservation for as long as the transaction lasts: it is at work (the
+	 * caller is that attempt), so neither taken over nor flagged.
+	 */
 	stale_at = row->has_locked_at ?
 		keys_add_interval(row->locked_at, lock_timeout) : 0;
-	if (stale_at > now)
+	if (stale_at > now || reserve_held_here(id, row))
 	{
-		int64		secs = (stale_at - now + USECS_PER_SEC - 1) / USECS_PER_SEC;
+		int64		secs = stale_at > now ?
+			(stale_at - now + USECS_PER_SEC - 1) / USECS_PER_SEC : 1;
 
 		ans->outcome = OUTCOME_IN_PROGRESS;
 		ans->http_status = 409;

@@ -181,6 +181,24 @@ SELECT outcome FROM idem_reserve('kl_a', 'orders', 'same-xact', wait => '10 seco
 SELECT clock_timestamp() - :'t0' < interval '5 seconds' AS answered_without_waiting;
 SELECT idem_complete('kl_a', 'orders', 'same-xact', 200, '{}');
 COMMIT;
+-- ...and once it is past its lock_timeout: still in_progress, the
+-- transaction's own reservation neither taken over (a new token) nor
+-- flagged, and the first token completes it
+SELECT scope FROM idem_configure_scope('kl_short_take', '{"lock_timeout": "200 milliseconds", "stale_action": "takeover"}');
+SELECT scope FROM idem_configure_scope('kl_short_fail', '{"lock_timeout": "200 milliseconds", "stale_action": "fail"}');
+BEGIN;
+SELECT lock_token AS own_take FROM idem_reserve('kl_a', 'kl_short_take', 'own-late', fingerprint => sha256('o')) \gset
+SELECT lock_token AS own_fail FROM idem_reserve('kl_a', 'kl_short_fail', 'own-late', fingerprint => sha256('o')) \gset
+SELECT pg_sleep(0.3);
+SELECT v.scope, r.outcome, r.retry_after, r.lock_token IS NULL AS no_token
+  FROM (VALUES ('kl_short_take'), ('kl_short_fail')) v(scope),
+       LATERAL idem_reserve('kl_a', v.scope, 'own-late', fingerprint => sha256('o')) r;
+SELECT scope, status, needs_reconciliation, lock_token IN (:'own_take', :'own_fail') AS first_token
+  FROM idempotency.keys WHERE tenant_id = 'kl_a' AND idem_key = 'own-late' ORDER BY scope;
+SELECT idem_complete('kl_a', 'kl_short_take', 'own-late', 200, '{}', lock_token => :'own_take');
+SELECT idem_complete('kl_a', 'kl_short_fail', 'own-late', 200, '{}', lock_token => :'own_fail');
+COMMIT;
+DELETE FROM idempotency.scopes WHERE scope IN ('kl_short_take', 'kl_short_fail');
 
 -- completion is a HOT update: no index covers what it changes
 SELECT outcome FROM idem_reserve('kl_a', 'orders', 'hot-1', fingerprint => sha256('h'));
