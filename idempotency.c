@@ -143,6 +143,7 @@ idem_new_lease_token(PG_FUNCTION_ARGS)
  * ----------------------------------------------------------------
  */
 static bool binding_valid = false;
+static bool binding_loading = false;	/* a load began and did not finish */
 static bool binding_callback_registered = false;
 static Oid	binding_relid = InvalidOid;
 static Oid	binding_session_user = InvalidOid;
@@ -213,7 +214,8 @@ binding_load(void)
 
 	/* a binding committed by another session since this call began */
 	AcceptInvalidationMessages();
-	if (binding_valid && session_user == binding_session_user &&
+	if (binding_valid && !binding_loading &&
+		session_user == binding_session_user &&
 		outer_user == binding_outer_user)
 		return;
 
@@ -240,6 +242,15 @@ binding_load(void)
 		binding_conflict = false;
 		return;
 	}
+
+	/*
+	 * Valid from before the read, so that an invalidation arriving while
+	 * the table is read clears it; and loading until the read finished, so
+	 * that a read that fails (a lock timeout or a cancel while the table is
+	 * locked) is done again at the next call instead of leaving the binding
+	 * cached before the change whose invalidation it consumed.
+	 */
+	binding_loading = true;
 	binding_valid = true;
 
 	tenant = binding_of(session_user, indexid);
@@ -268,6 +279,7 @@ binding_load(void)
 	binding_conflict = conflict;
 	binding_session_user = session_user;
 	binding_outer_user = outer_user;
+	binding_loading = false;
 }
 
 /*

@@ -73,6 +73,7 @@
 #include "miscadmin.h"
 #include "optimizer/optimizer.h"
 #include "replication/message.h"
+#include "storage/lock.h"
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -251,11 +252,14 @@ static const char *outbox_dedup_lookup_sql =
  * inserts, so a second transaction enqueueing for the same key waits until
  * the first commits or rolls back, and its row (and id) comes after.
  * Without it, a later id could commit first and be delivered before an
- * earlier one became visible.  The lock's first key is
- * OUTBOX_ORDER_LOCK_CLASS, its second a hash of tenant and key: another key
- * with the same hash only shares the wait.
+ * earlier one became visible.  The lock is an advisory LOCKTAG of the
+ * database and a 64-bit hash of tenant and key whose fourth field,
+ * OUTBOX_ORDER_LOCK_CLASS, no SQL advisory lock function produces (they
+ * use 1 and 2): no role can take it to stall a tenant's enqueues, as the
+ * key locks (IDEM_LOCKTAG_CLASS).  Another key with the same hash only
+ * shares the wait.
  */
-#define OUTBOX_ORDER_LOCK_CLASS 0x1dE0
+#define OUTBOX_ORDER_LOCK_CLASS 0x4f52
 
 static const char *outbox_ordered_filter =
 "   AND (c.ordering_key IS NULL OR idempotency.outbox_ordering_head("
@@ -722,21 +726,23 @@ outbox_has_ordering_key(void)
 }
 
 /*
- * Wait for, then hold until the end of the transaction, the advisory lock
- * of (tenant, ordering_key) that orders enqueues of one key (see
- * OUTBOX_ORDER_LOCK_CLASS).
+ * Wait for, then hold until the end of the transaction, the lock of
+ * (tenant, ordering_key) that orders enqueues of one key (see
+ * OUTBOX_ORDER_LOCK_CLASS).  An ordinary lock wait: lock_timeout and the
+ * deadlock check apply.
  */
 static void
 outbox_lock_ordering_key(const char *tenant, const char *ordering_key)
 {
-	uint32		h;
+	uint64		h;
+	LOCKTAG		tag;
 
-	h = hash_bytes((const unsigned char *) tenant, strlen(tenant));
-	h = hash_combine(h, hash_bytes((const unsigned char *) ordering_key,
-								   strlen(ordering_key)));
-	(void) DirectFunctionCall2(pg_advisory_xact_lock_int4,
-							   Int32GetDatum(OUTBOX_ORDER_LOCK_CLASS),
-							   Int32GetDatum((int32) h));
+	h = hash_bytes_extended((const unsigned char *) tenant, strlen(tenant), 0);
+	h = hash_combine64(h, hash_bytes_extended((const unsigned char *) ordering_key,
+											  strlen(ordering_key), 0));
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
+						 OUTBOX_ORDER_LOCK_CLASS);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
 }
 
 /*

@@ -84,10 +84,17 @@
 #include "idempotency.h"
 
 /*
- * Longest tenant or scope name kept, including the terminating zero.
- * Longer names are truncated (on a character boundary) for counting.
+ * Room for a tenant or scope name in a key, including the terminating zero.
+ * A name of up to IDEM_STATS_NAME_KEPT bytes is kept as it is; a longer one
+ * (names go up to 255 bytes) is kept as its first IDEM_STATS_NAME_KEPT
+ * bytes, cut on a character boundary (so at least IDEM_STATS_NAME_KEPT - 3
+ * bytes), then '~' and 16 hex digits of a 64-bit hash of the whole name:
+ * two names sharing a long prefix never share a row (a role bound to one
+ * of them would see the other's counts), and no name kept as it is can
+ * look like such a form, which is longer than IDEM_STATS_NAME_KEPT bytes.
  */
 #define IDEM_STATS_NAME_LEN 128
+#define IDEM_STATS_NAME_KEPT 110
 
 /* Name of the overflow row, for both tenant and scope. */
 #define IDEM_STATS_OTHER "(other)"
@@ -311,29 +318,40 @@ idem_stats_shmem_startup(void)
 		idem_stats_load();
 }
 
+/* A name as a key keeps it (see IDEM_STATS_NAME_KEPT), into zeroed "dst". */
+static void
+idem_stats_key_name(char *dst, const char *name)
+{
+	int			len = strlen(name);
+	int			cut;
+
+	StaticAssertStmt(IDEM_STATS_NAME_KEPT + 1 + 16 < IDEM_STATS_NAME_LEN,
+					 "a long name's form must fit a key");
+	if (len <= IDEM_STATS_NAME_KEPT)
+	{
+		memcpy(dst, name, len);
+		return;
+	}
+	cut = pg_mbcliplen(name, len, IDEM_STATS_NAME_KEPT);
+	memcpy(dst, name, cut);
+	snprintf(dst + cut, IDEM_STATS_NAME_LEN - cut, "~%016llx",
+			 (unsigned long long) hash_bytes_extended((const unsigned char *) name,
+													  len, 0));
+}
+
 /*
  * idem_stats_make_key
- *		Build a zero-padded hash key (keys are compared with memcmp), cutting
- *		long names on a character boundary.
+ *		Build a zero-padded hash key (keys are compared with memcmp), long
+ *		names in their short form.
  */
 static void
 idem_stats_make_key(IdemStatsKey *key, Oid dbid, const char *tenant,
 					const char *scope)
 {
-	int			len;
-
 	memset(key, 0, sizeof(IdemStatsKey));
 	key->dbid = dbid;
-
-	len = strlen(tenant);
-	if (len >= IDEM_STATS_NAME_LEN)
-		len = pg_mbcliplen(tenant, len, IDEM_STATS_NAME_LEN - 1);
-	memcpy(key->tenant, tenant, len);
-
-	len = strlen(scope);
-	if (len >= IDEM_STATS_NAME_LEN)
-		len = pg_mbcliplen(scope, len, IDEM_STATS_NAME_LEN - 1);
-	memcpy(key->scope, scope, len);
+	idem_stats_key_name(key->tenant, tenant);
+	idem_stats_key_name(key->scope, scope);
 }
 
 /*
@@ -956,11 +974,17 @@ idem_stats(PG_FUNCTION_ARGS)
 	HASH_SEQ_STATUS hash_seq;
 	IdemStatsEntry *entry;
 	const char *bound;
+	IdemStatsKey bound_key;
 
 	idem_stats_require_shmem();
 
-	/* a role bound to a tenant sees that tenant's rows only */
+	/*
+	 * A role bound to a tenant sees that tenant's rows only: those keyed by
+	 * its name, or by its short form if it is long.
+	 */
 	bound = idem_bound_tenant();
+	if (bound != NULL)
+		idem_stats_make_key(&bound_key, MyDatabaseId, bound, "");
 	InitMaterializedSRF(fcinfo, 0);
 	tupstore = rsinfo->setResult;
 	tupdesc = rsinfo->setDesc;
@@ -972,7 +996,7 @@ idem_stats(PG_FUNCTION_ARGS)
 		/* other databases' tenants are none of this database's business */
 		if (entry->key.dbid != MyDatabaseId)
 			continue;
-		if (bound != NULL && strcmp(entry->key.tenant, bound) != 0)
+		if (bound != NULL && strcmp(entry->key.tenant, bound_key.tenant) != 0)
 			continue;
 		(void) idem_stats_put_row(tupstore, tupdesc, entry->key.tenant,
 								  entry->key.scope, entry->counters, false);

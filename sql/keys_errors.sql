@@ -195,4 +195,4 @@ SELECT idem_reserve('ke_a', 'orders', '', fingerprint => sha256('x'));
 SELECT idem_complete('ke_a', 'orders', 'done', 200, '{}');
 SELECT idem_complete('ke_a', 'orders', 'held', 200, '{}', NULL, '00000000-0000-4000-8000-000000000000');
 
-DELETE FROM idempotency.keys WHERE tenant_id = 'ke_a';
+DELETE FROM idempotency.keys WHERE tenant_id IN ('ke_a', 'ke_size');

@@ -134,6 +134,26 @@ SELECT DISTINCT tenant FROM idempotency.stats ORDER BY 1;
 SET ROLE sec_bound;
 SELECT DISTINCT tenant FROM idempotency.stats ORDER BY 1;
 RESET ROLE;
+-- long tenant names (up to 255 bytes) keep rows of their own: one of 127
+-- bytes and one of 200 sharing those 127, each bound to a role that reads
+-- its own counts only (a long name shows as its first 110 bytes, '~' and a
+-- hash of the whole name)
+CREATE ROLE sec_long_a IN ROLE idempotency_app, pg_monitor;
+CREATE ROLE sec_long_b IN ROLE idempotency_app, pg_monitor;
+SELECT idem_bind_tenant('sec_long_a', repeat('a', 127));
+SELECT idem_bind_tenant('sec_long_b', repeat('a', 200));
+SET ROLE sec_long_b;
+SELECT count(*) FROM generate_series(1, 3) g, idem_reserve(repeat('a', 200), 'orders', 'long-' || g, '{}');
+SELECT length(tenant), substr(tenant, 111, 1) AS mark, created FROM idempotency.stats;
+RESET ROLE;
+SET ROLE sec_long_a;
+SELECT outcome FROM idem_reserve(repeat('a', 127), 'orders', 'long-a', '{}');
+SELECT length(tenant), substr(tenant, 111, 1) AS mark, created FROM idempotency.stats;
+RESET ROLE;
+SELECT length(tenant), created FROM idempotency.stats WHERE tenant LIKE 'aaa%' ORDER BY created;
+SELECT idem_unbind_tenant('sec_long_a'), idem_unbind_tenant('sec_long_b');
+DROP ROLE sec_long_a, sec_long_b;
+DELETE FROM idempotency.keys WHERE tenant_id LIKE 'aaa%';
 -- SET ROLE to another bound role: both bindings apply, so neither tenant
 GRANT sec_bound TO sec_other;
 SELECT idem_bind_tenant('sec_other', 'globex');

@@ -203,6 +203,28 @@ is($out . $err, 'created', 'and acts for its own');
 is($node->safe_psql('old_bound',
 		q{SELECT string_agg(tenant_id || '/' || idem_key, ' ' ORDER BY idem_key) FROM idempotency.keys}),
 	't1/b-0 t1/b-3', 'nothing was written for the other tenants');
+
+# The same open session, rebound to another tenant while the bindings table
+# is locked: its first call cannot read the binding (lock_timeout), and the
+# next call must still see the new binding, not the one it had cached
+$node->safe_psql('old_bound', q{SELECT idem_bind_tenant('warm_app', 't4')});
+my $locker = $node->background_psql('old_bound', on_error_stop => 0);
+$locker->query_safe(
+	'BEGIN; LOCK TABLE idempotency.tenant_bindings IN ACCESS EXCLUSIVE MODE');
+($out, $err) = run_in($app, q{SET lock_timeout = '200ms';
+SELECT outcome FROM idem_reserve('t1', 'orders', 'b-4', '{}');
+RESET lock_timeout;});
+like($err, qr/canceling statement due to lock timeout/,
+	'rebound while the bindings are locked: the call cannot read the binding');
+$locker->query_safe('COMMIT');
+$locker->quit;
+($out, $err) = run_in($app,
+	q{SELECT outcome FROM idem_reserve('t1', 'orders', 'b-5', '{}')});
+like($err, qr/role "warm_app" is bound to tenant "t4"/,
+	'the next call sees the new binding: the old tenant is refused');
+($out, $err) = run_in($app,
+	q{SELECT outcome FROM idem_reserve('t4', 'orders', 'b-6', '{}')});
+is($out . $err, 'created', 'and the new tenant is the one it acts for');
 $app->quit;
 
 $node->stop;
