@@ -48,7 +48,7 @@ run_suite() {
 # a short run of both fuzzers (make fuzz runs them long)
 run_fuzz() {
     echo "======== suite: fuzz"
-    if bash fuzz/run.sh "${FUZZ_DOCS:-10000}" "${FUZZ_CALLS:-3000}"; then
+    if bash fuzz/run.sh "${FUZZ_DOCS:-10000}" "${FUZZ_CALLS:-3000}" "${FUZZ_SCHEDULES:-10}"; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1))

@@ -33,6 +33,8 @@ echo "test: building in $WORK against $("$PG_CONFIG" --version)"
 build_and_install "-Wall -Wextra -Werror -isystem $("$PG_CONFIG" --includedir-server)"
 phase "the suites"
 cluster_options
+# the lifecycle fuzzer (fuzz/lifecycle_fuzz.py) replays commits in commit order
+CLUSTER_OPTS+=(-o "track_commit_timestamp=on")
 echo "test: starting a throwaway cluster"
 rc=0
 with_cluster bash "$WORK/scripts/test-cluster.sh" "$WORK" || rc=$?
