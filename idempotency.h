@@ -162,6 +162,8 @@ extern bool idem_holds_reservation(char **scopes, int nscopes);
 extern void idem_rate_init(void);
 extern bool idem_rate_admit(const char *tenant, const char *scope,
 							double per_second, int burst, int *retry_after_s);
+extern void idem_rate_refund(const char *tenant, const char *scope,
+							 double per_second, int burst);
 
 /* max_live_keys: the answers of idem_quota_admit */
 typedef enum IdemQuota

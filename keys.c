@@ -1756,7 +1756,9 @@ reserve_renew(Datum *values)
 /*
  * Hand a stale reservation to a new attempt: a new lock token, and a new
  * ttl from now, so that the response the new attempt stores is kept as
- * long as any other.  Only the row as it was read matches (still
+ * long as any other (created_at moves with it: a completion past
+ * expires_at keeps the key expires_at - created_at from then, see
+ * KEYS_EXPIRY_AT_COMPLETION).  Only the row as it was read matches (still
  * processing, not flagged for reconciliation, the same token): if the
  * sweeper flagged it or another attempt finished it meanwhile, returns
  * false and the caller reads the row again.
@@ -1771,7 +1773,7 @@ reserve_takeover(KeyIdent *id, const KeyRow *row, Datum *newvalues)
 
 	idem_saved_plan(&plan_takeover,
 					"UPDATE idempotency.keys SET lock_token = $4, locked_at = $5,"
-					" expires_at = $6" KEY_WHERE
+					" created_at = $5, expires_at = $6" KEY_WHERE
 					" AND status OPERATOR(pg_catalog.=) 'processing'"
 					" AND NOT needs_reconciliation"
 					" AND (lock_token OPERATOR(pg_catalog.=) $7"
@@ -1886,20 +1888,34 @@ reserve_quota_admit(KeyIdent *id, const ScopePolicy *policy, TimestampTz now,
 /*
  * A scope that limits new keys per tenant (a rate, a quota of live keys):
  * when this one would go over, answer rate_limited (429, retry_after) and
- * write nothing.
+ * write nothing.  A key the quota refuses gives its rate back.  *admitted:
+ * the key was admitted already in this call (its row vanished under a
+ * renewal and was read again), not to be counted twice.
  */
 static bool
 reserve_rate_limited(KeyIdent *id, const ScopePolicy *policy,
-					 TimestampTz now, ReserveAnswer *ans)
+					 TimestampTz now, ReserveAnswer *ans, bool *admitted)
 {
 	int			retry_after = 0;
+	bool		rated = policy->new_keys_per_second > 0;
 
-	if ((policy->new_keys_per_second <= 0 ||
-		 idem_rate_admit(id->tenant, id->scope, policy->new_keys_per_second,
-						 policy->new_keys_burst, &retry_after)) &&
-		(policy->max_live_keys <= 0 ||
-		 reserve_quota_admit(id, policy, now, &retry_after)))
+	if (*admitted)
 		return false;
+	if (!rated ||
+		idem_rate_admit(id->tenant, id->scope, policy->new_keys_per_second,
+						policy->new_keys_burst, &retry_after))
+	{
+		if (policy->max_live_keys <= 0 ||
+			reserve_quota_admit(id, policy, now, &retry_after))
+		{
+			*admitted = true;
+			return false;
+		}
+		if (rated)
+			idem_rate_refund(id->tenant, id->scope,
+							 policy->new_keys_per_second,
+							 policy->new_keys_burst);
+	}
 	ans->outcome = OUTCOME_RATE_LIMITED;
 	ans->http_status = 429;
 	ans->retry_after = retry_after;
@@ -1930,20 +1946,21 @@ typedef enum ReserveDecision
 /*
  * Decide the answer for a key whose row exists, into *ans (unless the row
  * must be read again).  "newvalues" is the row a write would store; a
- * finished row that has not expired is only read, and may pass NULL.
+ * finished row that has not expired is only read, and may pass NULL (for
+ * "admitted" too: see reserve_rate_limited).
  */
 static ReserveDecision
 reserve_decide(KeyIdent *id, KeyRow *row, const uint8 *fingerprint,
 			   Datum *newvalues, Interval *lock_timeout,
 			   const ScopePolicy *policy, TimestampTz now,
-			   ReserveAnswer *ans)
+			   ReserveAnswer *ans, bool *admitted)
 {
 	TimestampTz stale_at;
 
 	if (row->status != status_oids[STATUS_PROCESSING] && row->expires_at <= now)
 	{
 		/* expired: the same key is a new request */
-		if (reserve_rate_limited(id, policy, now, ans))
+		if (reserve_rate_limited(id, policy, now, ans, admitted))
 			return DECIDED_READ;
 		idem_new_token(DatumGetUUIDP(newvalues[4]));
 		if (!reserve_renew(newvalues))
@@ -2085,7 +2102,7 @@ reserve_answer_finished(KeyIdent *id, const uint8 *fingerprint,
 	if (row.expires_at <= now)
 		return false;
 	if (reserve_decide(id, &row, fingerprint, NULL, lock_timeout, policy, now,
-					   ans) != DECIDED_READ)
+					   ans, NULL) != DECIDED_READ)
 		elog(ERROR, "a finished key's row was not answered by reading it");
 	return true;
 }
@@ -2134,6 +2151,7 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 	pg_uuid_t  *token;
 	TimestampTz expires_at;
 	int			attempt;
+	bool		admitted = false;	/* by the scope's rate and quota */
 
 	fp = (bytea *) palloc(VARHDRSZ + IDEM_FINGERPRINT_LEN);
 	SET_VARSIZE(fp, VARHDRSZ + IDEM_FINGERPRINT_LEN);
@@ -2175,7 +2193,7 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 			reserve_check_latest(id, &row);
 		if (!found)
 		{
-			if (reserve_rate_limited(id, policy, now, ans))
+			if (reserve_rate_limited(id, policy, now, ans, &admitted))
 				return false;
 			idem_new_token(token);
 			if (held_defer(id, newvalues))
@@ -2190,7 +2208,7 @@ reserve_attempt(KeyIdent *id, const uint8 *fingerprint, Interval *ttl,
 			return true;
 		}
 		switch (reserve_decide(id, &row, fingerprint, newvalues,
-							   lock_timeout, policy, now, ans))
+							   lock_timeout, policy, now, ans, &admitted))
 		{
 			case DECIDED_READ:
 				return false;
@@ -3005,13 +3023,16 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	held_flush_key(&id);
 	token = keys_fence_token(&id, token, "checkpoint");
 	idem_saved_plan(&plan_checkpoint,
-					"UPDATE idempotency.keys SET recovery_point = $4, locked_at = $5"
-					KEY_WHERE " AND status OPERATOR(pg_catalog.=) 'processing'"
+					"UPDATE idempotency.keys SET recovery_point = $4, locked_at = $5,"
+					" needs_reconciliation = false" KEY_WHERE " AND status OPERATOR(pg_catalog.=) 'processing'"
 					" AND ($6::pg_catalog.uuid IS NULL OR lock_token OPERATOR(pg_catalog.=) $6)",
 					6, argtypes, 0);
 	memcpy(values, id.values, sizeof(id.values));
 	values[3] = PG_GETARG_DATUM(3);
-	/* the attempt is alive now, however long its transaction has run */
+	/*
+	 * The attempt is alive now, however long its transaction has run: a
+	 * flag for reconciliation set while it seemed gone is cleared.
+	 */
 	values[4] = TimestampTzGetDatum(GetCurrentTimestamp());
 	values[5] = UUIDPGetDatum(token);
 	nulls[5] = ' ';

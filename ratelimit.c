@@ -267,6 +267,23 @@ rate_seconds(int64 wait_us)
 }
 
 /*
+ * The GCRA parameters of a rate: the interval between keys and the
+ * tolerance a burst gives, in microseconds; returns the signature an entry
+ * records of them.  idem_configure_scope keeps the rate from 0.000001 (an
+ * interval of 10^12 us) and the burst to 10^6, so the tolerance stays far
+ * below int64's range; a row written by hand is clamped the same way.
+ */
+static uint64
+rate_params(double per_second, int burst, int64 *interval, int64 *tolerance)
+{
+	*interval = (int64) (USECS_PER_SEC / Max(per_second, 0.000001));
+	if (*interval < 1)
+		*interval = 1;
+	*tolerance = *interval * (int64) (Min(Max(burst, 1), 1000000) - 1);
+	return hash_combine64((uint64) *interval, (uint64) *tolerance) | 1;
+}
+
+/*
  * idem_rate_admit
  *		Admit one new key of (tenant, scope) at "per_second" keys a second
  *		with bursts of "burst", or return false and set *retry_after_s
@@ -285,16 +302,7 @@ idem_rate_admit(const char *tenant, const char *scope, double per_second,
 	uint64		signature;
 	bool		admitted;
 
-	/*
-	 * idem_configure_scope keeps the rate from 0.000001 (an interval of
-	 * 10^12 us) and the burst to 10^6, so the tolerance stays far below
-	 * int64's range; a row written by hand is clamped the same way.
-	 */
-	interval = (int64) (USECS_PER_SEC / Max(per_second, 0.000001));
-	if (interval < 1)
-		interval = 1;
-	tolerance = interval * (int64) (Min(Max(burst, 1), 1000000) - 1);
-
+	signature = rate_params(per_second, burst, &interval, &tolerance);
 	entry = rate_entry_locked(tenant, scope, "new_keys_per_second");
 
 	/*
@@ -306,7 +314,6 @@ idem_rate_admit(const char *tenant, const char *scope, double per_second,
 	 * hold the old policy (until their next command) may reset it again:
 	 * at most a few bursts more, never fewer keys.
 	 */
-	signature = hash_combine64((uint64) interval, (uint64) tolerance) | 1;
 	if (pg_atomic_read_u64(&entry->rate) != signature)
 	{
 		if (pg_atomic_exchange_u64(&entry->rate, signature) != 0)
@@ -318,6 +325,36 @@ idem_rate_admit(const char *tenant, const char *scope, double per_second,
 	if (!admitted)
 		*retry_after_s = rate_seconds(wait_us);
 	return admitted;
+}
+
+/*
+ * idem_rate_refund
+ *		Give back the key idem_rate_admit admitted under the same rate and
+ *		burst, when the key is not made after all (the quota refused it):
+ *		a refusal uses none of the tenant's rate.  Nothing when the pair
+ *		started over under another policy meanwhile.
+ */
+void
+idem_rate_refund(const char *tenant, const char *scope, double per_second,
+				 int burst)
+{
+	RateEntry  *entry;
+	int64		interval;
+	int64		tolerance;
+	uint64		signature;
+	uint64		old;
+
+	signature = rate_params(per_second, burst, &interval, &tolerance);
+	entry = rate_entry_locked(tenant, scope, "new_keys_per_second");
+	if (pg_atomic_read_u64(&entry->rate) == signature)
+	{
+		old = pg_atomic_read_u64(&entry->tat);
+		while (!pg_atomic_compare_exchange_u64(&entry->tat, &old,
+											   old > (uint64) interval ?
+											   old - (uint64) interval : 0))
+			;
+	}
+	LWLockRelease(rate_state->lock);
 }
 
 /* retry_after for a pair at its quota: until its earliest key expires */

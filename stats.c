@@ -101,14 +101,15 @@
 
 /*
  * Where the counters are kept across a clean restart.  Version 2 added each
- * entry's usage, version 3 the rate_limited counter; files of versions 1
- * (no usage) and 2 are still read.  The header gives the number of
+ * entry's usage, version 3 the rate_limited counter, version 4 keys long
+ * names by their short form (IDEM_STATS_NAME_KEPT); files of versions 1
+ * (no usage) to 3 are still read.  The header gives the number of
  * counters per entry; counters are only ever appended, so an older file's
  * are a prefix of today's and the rest start at zero.
  */
 #define IDEM_STATS_FILE PGSTAT_STAT_PERMANENT_DIRECTORY "/idempotency.stat"
 #define IDEM_STATS_FILE_MAGIC 0x1de57a75
-#define IDEM_STATS_FILE_VERSION 3
+#define IDEM_STATS_FILE_VERSION 4
 
 /*
  * Eviction, as in pg_stat_statements: a new entry starts at USAGE_INIT,
@@ -788,7 +789,24 @@ idem_stats_load(void)
 		saved.key.tenant[IDEM_STATS_NAME_LEN - 1] = '\0';
 		saved.key.scope[IDEM_STATS_NAME_LEN - 1] = '\0';
 		key = saved.key;
-		idem_stats_make_key(&saved.key, key.dbid, key.tenant, key.scope);
+		memset(&saved.key, 0, sizeof(IdemStatsKey));
+		if (header[1] < 4 && (strlen(key.tenant) > IDEM_STATS_NAME_KEPT ||
+							  strlen(key.scope) > IDEM_STATS_NAME_KEPT))
+		{
+			/*
+			 * A long name an older version cut at 127 bytes: the whole name
+			 * its short form hashes is lost (and the postmaster does not
+			 * know the database's encoding to cut it again), so its counts
+			 * go to "(other)" (an invalid database, below).
+			 */
+		}
+		else
+		{
+			/* the names as saved: already keys (short forms included) */
+			saved.key.dbid = key.dbid;
+			memcpy(saved.key.tenant, key.tenant, strlen(key.tenant));
+			memcpy(saved.key.scope, key.scope, strlen(key.scope));
+		}
 
 		if (!OidIsValid(saved.key.dbid))
 		{

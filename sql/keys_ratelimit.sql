@@ -137,5 +137,17 @@ SELECT max_live_keys FROM idempotency.scopes WHERE scope = 'q_scope';
 SELECT max_live_keys FROM idem_configure_scope('q_scope', '{"max_live_keys": null}');
 SELECT outcome FROM idem_reserve('q_a', 'q_scope', 'q-10', '{"k": 10}');
 
-DELETE FROM idempotency.keys WHERE tenant_id IN ('rl_a', 'rl_b', 'rl_first', 'q_a', 'q_b') OR tenant_id LIKE 'rl\_t%';
-DELETE FROM idempotency.scopes WHERE scope IN ('rl_scope', 'rl_fast', 'rl_full', 'q_scope');
+-- a key the quota refuses uses none of the rate: with a burst of 3 at one
+-- key per 100 s and a quota of 1, two refusals at the quota, then the key
+-- released: the next key is created (the second of the burst)
+SELECT scope FROM idem_configure_scope('q_rated', '{"new_keys_per_second": 0.01, "new_keys_burst": 3, "max_live_keys": 1}');
+SELECT k, outcome, retry_after FROM generate_series(1, 3) k,
+       LATERAL idem_reserve('q_c', 'q_rated', 'qr-' || k, '{}');
+SELECT idem_release('q_c', 'q_rated', 'qr-1', lock_token)
+  FROM idempotency.keys WHERE tenant_id = 'q_c' AND idem_key = 'qr-1';
+SELECT pg_sleep(1.1);
+SELECT outcome FROM idem_reserve('q_c', 'q_rated', 'qr-4', '{}');
+SELECT created, rate_limited FROM idempotency.stats WHERE scope = 'q_rated';
+
+DELETE FROM idempotency.keys WHERE tenant_id IN ('rl_a', 'rl_b', 'rl_first', 'q_a', 'q_b', 'q_c') OR tenant_id LIKE 'rl\_t%';
+DELETE FROM idempotency.scopes WHERE scope IN ('rl_scope', 'rl_fast', 'rl_full', 'q_scope', 'q_rated');

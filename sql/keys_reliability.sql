@@ -91,6 +91,36 @@ SELECT status, response_code, expires_at > now() + interval '59 minutes' AS kept
 -- the superseded attempt is fenced out
 SELECT pg_temp.err(format('SELECT idem_complete(%L, %L, %L, 200, %L, NULL, %L)',
                           'kr_a', 'kr_take', 'tk-2', '{}', :'tk2'));
+-- tk-3: reserved 3 hours ago, taken over with a ttl of an hour, completed
+-- two hours after the takeover (past its new expires_at): kept an hour from
+-- its completion, the ttl counted from the takeover (from the first
+-- reservation it was kept four)
+SELECT outcome FROM idem_reserve('kr_a', 'kr_take', 'tk-3', fingerprint => sha256('t3'));
+UPDATE idempotency.keys SET created_at = now() - interval '3 hours',
+       locked_at = now() - interval '3 hours', expires_at = now() - interval '2 hours'
+ WHERE tenant_id = 'kr_a' AND idem_key = 'tk-3';
+SELECT lock_token AS tk3new, outcome
+  FROM idem_reserve('kr_a', 'kr_take', 'tk-3', ttl => '1 hour', fingerprint => sha256('t3')) \gset
+\echo :outcome
+UPDATE idempotency.keys SET created_at = created_at - interval '2 hours',
+       locked_at = locked_at - interval '2 hours', expires_at = expires_at - interval '2 hours'
+ WHERE tenant_id = 'kr_a' AND idem_key = 'tk-3';
+SELECT idem_complete('kr_a', 'kr_take', 'tk-3', 201, '{}', NULL, :'tk3new');
+SELECT status, expires_at - completed_at BETWEEN interval '59 minutes' AND interval '61 minutes' AS kept_an_hour
+  FROM idem_lookup('kr_a', 'kr_take', 'tk-3');
+-- fl-1: flagged for reconciliation by a retry while its attempt seemed
+-- gone, then checkpointed by that attempt: alive, so unflagged, and the
+-- next retry is in_progress; the attempt completes it
+SELECT scope FROM idem_configure_scope('kr_flag', '{"lock_timeout": "1 hour", "stale_action": "fail"}');
+SELECT lock_token AS fl1 FROM idem_reserve('kr_a', 'kr_flag', 'fl-1', fingerprint => sha256('f')) \gset
+UPDATE idempotency.keys SET locked_at = now() - interval '2 hours'
+ WHERE tenant_id = 'kr_a' AND idem_key = 'fl-1';
+SELECT outcome FROM idem_reserve('kr_a', 'kr_flag', 'fl-1', fingerprint => sha256('f'));
+SELECT needs_reconciliation FROM idem_lookup('kr_a', 'kr_flag', 'fl-1');
+SELECT idem_checkpoint('kr_a', 'kr_flag', 'fl-1', 'step-9', :'fl1');
+SELECT needs_reconciliation, recovery_point FROM idem_lookup('kr_a', 'kr_flag', 'fl-1');
+SELECT outcome FROM idem_reserve('kr_a', 'kr_flag', 'fl-1', fingerprint => sha256('f'));
+SELECT idem_complete('kr_a', 'kr_flag', 'fl-1', 201, '{}', NULL, :'fl1');
 
 --
 -- Bounds on ttl and wait (22023, with a hint), checked before anything is

@@ -188,6 +188,45 @@ is($node->safe_psql('postgres',
 		"SELECT created || ' ' || rate_limited FROM idempotency.stats"
 		  . " WHERE tenant = 'v3-tenant'"),
 	'1 2', 'rate_limited survives a clean restart');
+
+# a tenant and a scope over 110 bytes (shown by their short form) keep one
+# row across clean restarts: the saved short form is read back as it is,
+# not shortened again (the scope is of three-byte characters)
+my $long_t = "repeat('L', 200)";
+my $long_s = "repeat(chr(8364), 60)";
+my $long_sum = "SELECT count(*) || ' ' || coalesce(sum(created), 0) FROM idempotency.stats"
+  . " WHERE tenant LIKE 'LLL%'";
+$node->safe_psql('postgres',
+	"SELECT idem_reserve($long_t, $long_s, 'k' || i, '{}') FROM generate_series(1, 2) i");
+is($node->safe_psql('postgres', $long_sum), '1 2', 'a long-named pair has one row');
+$node->restart;
+$node->safe_psql('postgres',
+	"SELECT idem_reserve($long_t, $long_s, 'k' || i, '{}') FROM generate_series(3, 5) i");
+is($node->safe_psql('postgres', $long_sum), '1 5',
+	'after a clean restart, the same row counts on');
+$node->restart;
+is($node->safe_psql('postgres', $long_sum), '1 5', 'and after another');
+is($node->safe_psql('postgres',
+		"SELECT convert_to(scope, 'UTF8') IS NOT NULL FROM idempotency.stats WHERE tenant LIKE 'LLL%'"),
+	't', 'the short form of a multibyte name is valid UTF-8');
+
+# a version 3 file (names cut at 127 bytes): a name over 110 bytes, whose
+# whole form is unknown, is counted under (other); shorter names as they were
+$node->stop;
+my $v3_entry = 'L Z128 Z128 x4 d Q10';
+my $v3 =
+    pack('L L L q', 0x1de57a75, 3, 10, 2)
+  . pack($v3_entry, $dboid, 'v3-short', 'orders', 1.0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+  . pack($v3_entry, $dboid, 'x' x 127, 'orders', 1.0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+open($fh, '>:raw', $statfile) or die "could not write $statfile: $!";
+print $fh $v3;
+close($fh);
+$node->start;
+is($node->safe_psql('postgres',
+		"SELECT string_agg(tenant || ' ' || created, ', ' ORDER BY tenant)"
+		  . " FROM idempotency.stats"),
+	'(other) 3, v3-short 2',
+	'a version 3 file is read, its long name under (other)');
 $node->stop;
 
 # without shared_preload_libraries (neither idempotency nor pg_cron): the
