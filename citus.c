@@ -52,7 +52,9 @@
 #include "catalog/pg_proc.h"
 #include "lib/stringinfo.h"
 #include "nodes/params.h"
+#include "optimizer/optimizer.h"
 #include "optimizer/planner.h"
+#include "parser/parsetree.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -412,7 +414,7 @@ idem_keys_probe_relid(Oid keys_relid, Datum tenant)
 						TextDatumGetCString(tenant)),
 				 errdetail("idempotency.keys is distributed with Citus; the key functions run on the node holding the tenant's shard (shard " INT64_FORMAT ").",
 						   shard->keys_shardid),
-				 errhint("Call the function as a statement of its own with literals or parameters as arguments, SELECT idem_reserve($1, ...), not a volatile expression such as gen_random_uuid(), so that Citus delegates it to that node; run idem_citus_distribute() once after CREATE EXTENSION citus.")));
+				 errhint("Call the function as a statement of its own with literals or parameters as arguments, SELECT idem_reserve($1, ...), not a volatile expression such as gen_random_uuid(), so that Citus delegates it to that node; run idem_citus_distribute() once after CREATE EXTENSION citus.  In a transaction open while the tenant's shard was moved, retry the transaction.")));
 	return shard->keys_shard;
 }
 
@@ -683,12 +685,14 @@ idem_citus_pass_plan(SPIPlanPtr *cache, const char *sql, int nargs,
  * in a session of its own: the worker sees neither the session user (so a
  * bound session that SET ROLEs to an unbound role would not be held to its
  * binding there) nor the session's idempotency.tenant.  Citus delegates
- * only a statement that is one call, SELECT f(tenant, ...), with the
- * tenant a literal or a parameter it can read; this planner hook, which
- * runs before Citus's (Citus is first in shared_preload_libraries, so its
- * hook was installed first), checks such a call here, where both are
- * known, with the check every function makes itself (idem_check_tenant).
- * A call Citus does not delegate runs here and makes that check anyway.
+ * a statement that is one call, SELECT f(tenant, ...) or SELECT ... FROM
+ * f(tenant, ...), when the tenant is known once the statement is planned
+ * (a constant after folding, a parameter of a custom plan); this planner
+ * hook, which runs before Citus's (Citus is first in
+ * shared_preload_libraries, so its hook was installed first), checks every
+ * such call here, where both are known, with the check every function
+ * makes itself (idem_check_tenant).  A call Citus does not delegate runs
+ * here and makes that check anyway.
  */
 static planner_hook_type citus_prev_planner = NULL;
 
@@ -700,37 +704,27 @@ static const char *const citus_delegated_names[] = {
 	"outbox_ack_many", "outbox_nack_many"
 };
 
-/* The tenant a single-call statement passes, or NULL when none is known. */
-static char *
-citus_call_tenant(Query *parse, ParamListInfo params)
+/* Whether "funcid" is one of this library's functions Citus delegates. */
+static bool
+citus_is_delegated(Oid funcid)
 {
-	TargetEntry *te;
-	FuncExpr   *fe;
-	Node	   *arg = NULL;
-	char	   *name;
+	char	   *name = get_func_name(funcid);
 	bool		ours = false;
 	HeapTuple	tup;
-	ListCell   *lc;
 
-	if (parse->commandType != CMD_SELECT || parse->utilityStmt != NULL ||
-		parse->rtable != NIL || list_length(parse->targetList) != 1)
-		return NULL;
-	te = linitial_node(TargetEntry, parse->targetList);
-	if (!IsA(te->expr, FuncExpr))
-		return NULL;
-	fe = (FuncExpr *) te->expr;
-	name = get_func_name(fe->funcid);
 	if (name == NULL)
-		return NULL;
+		return false;
 	for (int i = 0; i < (int) lengthof(citus_delegated_names); i++)
 		if (strcmp(name, citus_delegated_names[i]) == 0)
 			ours = true;
+	pfree(name);
 	if (!ours)
-		return NULL;
+		return false;
 	/* this library's function, not one of the same name */
-	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fe->funcid));
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcid));
 	if (!HeapTupleIsValid(tup))
-		return NULL;
+		return false;
+	ours = false;
 	if (((Form_pg_proc) GETSTRUCT(tup))->prolang == ClanguageId)
 	{
 		bool		isnull;
@@ -740,11 +734,28 @@ citus_call_tenant(Query *parse, ParamListInfo params)
 		ours = !isnull &&
 			strcmp(TextDatumGetCString(bin), "$libdir/idempotency") == 0;
 	}
-	else
-		ours = false;
 	ReleaseSysCache(tup);
-	if (!ours || !idem_citus_distributed())
-		return NULL;
+	return ours;
+}
+
+/*
+ * Check the tenant of a call of ours, when planning knows it: a bound
+ * parameter, or an expression the planner folds to a constant (with the
+ * parameters of a custom plan), which is the value Citus delegates the
+ * call by, whatever its type (varchar from a driver) or spelling
+ * (lower('ACME')).  A NULL tenant is refused here (22004): Citus would
+ * hash it to find the shard.
+ */
+static void
+citus_check_call(FuncExpr *fe, ParamListInfo params)
+{
+	Node	   *arg = NULL;
+	ListCell   *lc;
+	bool		isnull;
+	Datum		value;
+	Oid			type;
+	Oid			output;
+	bool		varlena;
 
 	foreach(lc, fe->args)
 	{
@@ -761,36 +772,118 @@ citus_call_tenant(Query *parse, ParamListInfo params)
 	while (arg != NULL && IsA(arg, RelabelType))
 		arg = (Node *) ((RelabelType *) arg)->arg;
 	if (arg == NULL)
-		return NULL;
-	if (IsA(arg, Const) && ((Const *) arg)->consttype == TEXTOID &&
-		!((Const *) arg)->constisnull)
-		return TextDatumGetCString(((Const *) arg)->constvalue);
-	if (IsA(arg, Param) && ((Param *) arg)->paramkind == PARAM_EXTERN &&
-		((Param *) arg)->paramtype == TEXTOID && params != NULL)
+		return;
+	if (IsA(arg, Param) && ((Param *) arg)->paramkind == PARAM_EXTERN)
 	{
 		int			id = ((Param *) arg)->paramid;
 		ParamExternData storage;
 		ParamExternData *prm;
 
-		if (id <= 0 || id > params->numParams)
-			return NULL;
+		if (params == NULL || id <= 0 || id > params->numParams)
+			return;
 		prm = params->paramFetch != NULL ?
 			params->paramFetch(params, id, false, &storage) :
 			&params->params[id - 1];
-		if (prm != NULL && !prm->isnull && prm->ptype == TEXTOID)
-			return TextDatumGetCString(prm->value);
+		if (prm == NULL || !OidIsValid(prm->ptype))
+			return;
+		isnull = prm->isnull;
+		value = prm->value;
+		type = prm->ptype;
 	}
-	return NULL;
+	else
+	{
+		PlannerGlobal glob;
+		PlannerInfo root;
+		Node	   *folded;
+
+		/* as the planner folds it, a custom plan's parameters included */
+		memset(&glob, 0, sizeof(glob));
+		glob.type = T_PlannerGlobal;
+		glob.boundParams = params;
+		memset(&root, 0, sizeof(root));
+		root.type = T_PlannerInfo;
+		root.glob = &glob;
+		folded = eval_const_expressions(&root, copyObject(arg));
+		if (!IsA(folded, Const))
+			return;
+		isnull = ((Const *) folded)->constisnull;
+		value = ((Const *) folded)->constvalue;
+		type = ((Const *) folded)->consttype;
+	}
+	if (isnull)
+		idem_null_argument("tenant");
+	getTypeOutputInfo(type, &output, &varlena);
+	idem_check_tenant(OidOutputFunctionCall(output, value));
+}
+
+/*
+ * The calls Citus may delegate: a statement's one target, or its one
+ * function in FROM (Citus delegates SELECT f(...) and SELECT ... FROM
+ * f(...)).  A call of ours as the target of a query that reads a subquery
+ * of no table (SELECT f(...) FROM (SELECT 1) x), which the planner turns
+ * into SELECT f(...) and Citus then fails to deparse (the backend
+ * crashes), is refused.
+ */
+static void
+citus_check_query(Query *parse, ParamListInfo params)
+{
+	ListCell   *lc;
+
+	if (parse->commandType != CMD_SELECT || parse->utilityStmt != NULL)
+		return;
+	if (list_length(parse->targetList) == 1)
+	{
+		TargetEntry *te = linitial_node(TargetEntry, parse->targetList);
+
+		if (IsA(te->expr, FuncExpr) &&
+			citus_is_delegated(((FuncExpr *) te->expr)->funcid) &&
+			idem_citus_distributed())
+		{
+			if (parse->jointree != NULL &&
+				list_length(parse->jointree->fromlist) == 1 &&
+				IsA(linitial(parse->jointree->fromlist), RangeTblRef))
+			{
+				RangeTblEntry *rte =
+					rt_fetch(linitial_node(RangeTblRef,
+										   parse->jointree->fromlist)->rtindex,
+							 parse->rtable);
+
+				if (rte->rtekind == RTE_VALUES ||
+					(rte->rtekind == RTE_SUBQUERY &&
+					 rte->subquery->rtable == NIL))
+					ereport(ERROR,
+							(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+							 errmsg("on Citus, %s cannot be called over a subquery that reads no table",
+									get_func_name(((FuncExpr *) te->expr)->funcid)),
+							 errhint("Call it as SELECT f(...) or SELECT * FROM f(...).")));
+			}
+			citus_check_call((FuncExpr *) te->expr, params);
+		}
+	}
+	foreach(lc, parse->rtable)
+	{
+		RangeTblEntry *rte = (RangeTblEntry *) lfirst(lc);
+		ListCell   *fc;
+
+		if (rte->rtekind != RTE_FUNCTION)
+			continue;
+		foreach(fc, rte->functions)
+		{
+			Node	   *expr = ((RangeTblFunction *) lfirst(fc))->funcexpr;
+
+			if (IsA(expr, FuncExpr) &&
+				citus_is_delegated(((FuncExpr *) expr)->funcid) &&
+				idem_citus_distributed())
+				citus_check_call((FuncExpr *) expr, params);
+		}
+	}
 }
 
 static PlannedStmt *
 citus_tenant_planner(Query *parse, const char *query_string,
 					 int cursorOptions, ParamListInfo boundParams)
 {
-	char	   *tenant = citus_call_tenant(parse, boundParams);
-
-	if (tenant != NULL)
-		idem_check_tenant(tenant);
+	citus_check_query(parse, boundParams);
 	if (citus_prev_planner != NULL)
 		return citus_prev_planner(parse, query_string, cursorOptions,
 								  boundParams);

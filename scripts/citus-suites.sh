@@ -167,8 +167,47 @@ suite_lifecycle() {
     got=$(q "$PC" -c "BEGIN" -c "SET LOCAL idempotency.tenant = 'acme'" \
                -c "SELECT idem_reserve('globex', 'bound', 'st1', '{}')" -c "COMMIT" 2>&1)
     case $got in *"does not match idempotency.tenant"*) ;; *) fail "idempotency.tenant through the coordinator: $got" ;; esac
-    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'globex' AND scope = 'bound' AND idem_key IN ('sr1', 'st1', 'sp1', 'sp8')")
+    # ...in every shape Citus delegates: a call in FROM, a varchar tenant (a
+    # literal, or a parameter as JDBC's setString sends it), an expression
+    # the planner folds to the tenant
+    local shape
+    for shape in "SELECT * FROM idem_reserve('globex', 'bound', 'sf1', '{}')" \
+                 "SELECT status FROM idem_lookup('globex', 'bound', 'sf1')" \
+                 "SELECT idem_reserve('globex'::varchar, 'bound', 'sv1', '{}')" \
+                 "SELECT idem_reserve(lower('GLOBEX'), 'bound', 'se1', '{}')" \
+                 "SELECT * FROM outbox_enqueue('glo' || 'bex', 'topic', '{}')"; do
+        got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" -c "$shape" 2>&1)
+        case $got in *"is bound to tenant \"acme\""*) ;; *) fail "SET ROLE out of a binding, $shape: $got" ;; esac
+    done
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" \
+               -c "PREPARE v(varchar) AS SELECT * FROM idem_reserve(\$1, 'bound', 'sv2', '{}')" \
+               -c "EXECUTE v('globex')" 2>&1)
+    case $got in *"is bound to tenant \"acme\""*) ;; *) fail "SET ROLE out of a binding, varchar parameter: $got" ;; esac
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'globex' AND scope = 'bound' AND idem_key IN ('sr1', 'st1', 'sp1', 'sp8', 'sf1', 'sv1', 'sv2', 'se1')")
     [ "$got" = 0 ] || fail "keys written by the refused calls: $got"
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.outbox WHERE tenant_id = 'globex' AND topic = 'topic'")
+    [ "$got" = 0 ] || fail "outbox rows written by the refused calls: $got"
+
+    # a NULL tenant is refused on the coordinator (22004), from a role with
+    # no grant too, and so is a call over a subquery of no table (0A000):
+    # Citus's delegation of either crashes the backend, and the postmaster
+    # would reset every session of the node
+    q "$PC" -c "CREATE ROLE citus_nobody LOGIN" >/dev/null || fail "a role without grants"
+    for shape in "SELECT idem_reserve(NULL, 'bound', 'n1', '{}')" \
+                 "SELECT * FROM outbox_enqueue(NULL, 'topic', '{}')"; do
+        got=$(psql -X -q -A -t -p "$PC" -U citus_nobody -c "$shape" 2>&1)
+        case $got in *"tenant must not be null"*) ;; *) fail "a NULL tenant, $shape: $got" ;; esac
+    done
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound \
+               -c "PREPARE n(text) AS SELECT * FROM idem_reserve(\$1, 'bound', 'n2', '{}')" \
+               -c "EXECUTE n(NULL)" 2>&1)
+    case $got in *"tenant must not be null"*) ;; *) fail "a NULL tenant as a parameter: $got" ;; esac
+    got=$(psql -X -q -A -t -p "$PC" -U citus_nobody \
+               -c "SELECT idem_reserve('globex', 'bound', 'c6', '{}') FROM (SELECT 1) x" 2>&1)
+    case $got in *"over a subquery that reads no table"*) ;; *) fail "a call over a subquery of no table: $got" ;; esac
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SELECT idem_reserve('acme', 'bound', 'alive', '{}')" | outcome)
+    [ "$got" = created ] || fail "the coordinator after the refused calls: $got"
+    ! grep -q "terminated by signal" "$base/node-$PC.log" || fail "a backend of the coordinator crashed"
 
     # unbinding goes by the role's name on every node: a role's OID differs
     # from node to node (roles made on one worker only shift them here)
