@@ -51,6 +51,7 @@
 #include "catalog/pg_language.h"
 #include "catalog/pg_proc.h"
 #include "lib/stringinfo.h"
+#include "nodes/nodeFuncs.h"
 #include "nodes/params.h"
 #include "optimizer/optimizer.h"
 #include "optimizer/planner.h"
@@ -879,11 +880,159 @@ citus_check_query(Query *parse, ParamListInfo params)
 	}
 }
 
+/* query_tree_walker: whether a query reads a table anywhere. */
+static bool
+citus_reads_table(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, RangeTblEntry))
+		return ((RangeTblEntry *) node)->rtekind == RTE_RELATION;
+	if (IsA(node, Query))
+		return query_tree_walker((Query *) node, citus_reads_table, context,
+								 QTW_EXAMINE_RTES_BEFORE);
+	return expression_tree_walker(node, citus_reads_table, context);
+}
+
+/*
+ * expression/query walker: whether a query calls one of our delegated
+ * functions, or a SQL function of a schema other than pg_catalog (which
+ * the planner may inline into such a call), anywhere.
+ */
+static bool
+citus_calls_candidate(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, FuncExpr))
+	{
+		Oid			funcid = ((FuncExpr *) node)->funcid;
+		HeapTuple	tup;
+		bool		sql = false;
+
+		if (citus_is_delegated(funcid))
+			return true;
+		tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcid));
+		if (HeapTupleIsValid(tup))
+		{
+			Form_pg_proc proc = (Form_pg_proc) GETSTRUCT(tup);
+
+			sql = proc->prolang == SQLlanguageId &&
+				proc->pronamespace != PG_CATALOG_NAMESPACE;
+			ReleaseSysCache(tup);
+		}
+		if (sql)
+			return true;
+	}
+	if (IsA(node, Query))
+		return query_tree_walker((Query *) node, citus_calls_candidate,
+								 context, 0);
+	return expression_tree_walker(node, citus_calls_candidate, context);
+}
+
+/*
+ * Citus decides on the planned query, after SQL functions are inlined and
+ * subqueries pulled up, so a statement that reads no table and is not one
+ * of the two plain forms may turn into a delegated call only there
+ * (SELECT w('acme') of a SQL function w that returns idem_reserve(...);
+ * SELECT * FROM (SELECT * FROM idem_reserve(...)) x).  Such a statement
+ * is planned once more here, on a copy, and the planned copy checked as
+ * Citus would read it.  A pulled-up subquery Citus would delegate is
+ * refused: Citus 13.2 fails to deparse it (the backend crashes).
+ */
+static void
+citus_check_planned(Query *parse, const char *query_string,
+					int cursorOptions, ParamListInfo params)
+{
+	Query	   *copy;
+	RangeTblEntry *rte;
+	bool		pulled_up;
+	ListCell   *lc;
+
+	if (parse->commandType != CMD_SELECT || parse->utilityStmt != NULL)
+		return;
+	/*
+	 * The plain forms of a call of ours, SELECT f(...) and SELECT ... FROM
+	 * f(...), are checked as they are (citus_check_query): folding their
+	 * tenant inlines any SQL function in it.
+	 */
+	if (parse->cteList == NIL && parse->rtable == NIL &&
+		list_length(parse->targetList) == 1 &&
+		IsA(linitial_node(TargetEntry, parse->targetList)->expr, FuncExpr) &&
+		citus_is_delegated(((FuncExpr *) linitial_node(TargetEntry, parse->targetList)->expr)->funcid))
+		return;
+	if (parse->cteList == NIL && list_length(parse->rtable) == 1)
+	{
+		RangeTblEntry *only = linitial_node(RangeTblEntry, parse->rtable);
+
+		if (only->rtekind == RTE_FUNCTION && list_length(only->functions) == 1 &&
+			IsA(linitial_node(RangeTblFunction, only->functions)->funcexpr, FuncExpr) &&
+			citus_is_delegated(((FuncExpr *) linitial_node(RangeTblFunction, only->functions)->funcexpr)->funcid) &&
+			!citus_calls_candidate((Node *) parse->targetList, NULL))
+			return;
+	}
+	if (citus_reads_table((Node *) parse, NULL) ||
+		!citus_calls_candidate((Node *) parse, NULL))
+		return;
+	if (!OidIsValid(get_namespace_oid("idempotency", true)) ||
+		!idem_citus_distributed())
+		return;
+	pulled_up = parse->cteList != NIL;
+	foreach(lc, parse->rtable)
+		if (((RangeTblEntry *) lfirst(lc))->rtekind == RTE_SUBQUERY)
+			pulled_up = true;
+
+	copy = copyObject(parse);
+	(void) standard_planner(copy, query_string, cursorOptions, params);
+	if (copy->jointree == NULL || copy->jointree->quals != NULL ||
+		list_length(copy->jointree->fromlist) > 1)
+		return;
+	if (list_length(copy->jointree->fromlist) == 1)
+	{
+		if (!IsA(linitial(copy->jointree->fromlist), RangeTblRef))
+			return;
+		rte = rt_fetch(linitial_node(RangeTblRef,
+									 copy->jointree->fromlist)->rtindex,
+					   copy->rtable);
+		if (rte->rtekind != RTE_FUNCTION && rte->rtekind != RTE_RESULT)
+			return;
+	}
+	if (pulled_up)
+	{
+		bool		ours = false;
+
+		foreach(lc, copy->targetList)
+		{
+			Node	   *e = (Node *) ((TargetEntry *) lfirst(lc))->expr;
+
+			if (IsA(e, FuncExpr) && citus_is_delegated(((FuncExpr *) e)->funcid))
+				ours = true;
+		}
+		foreach(lc, copy->rtable)
+		{
+			RangeTblEntry *r = (RangeTblEntry *) lfirst(lc);
+
+			if (r->rtekind == RTE_FUNCTION &&
+				list_length(r->functions) == 1 &&
+				IsA(linitial_node(RangeTblFunction, r->functions)->funcexpr, FuncExpr) &&
+				citus_is_delegated(((FuncExpr *) linitial_node(RangeTblFunction, r->functions)->funcexpr)->funcid))
+				ours = true;
+		}
+		if (ours)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("on Citus, a tenant function cannot be called over a subquery or WITH query that reads no table"),
+					 errhint("Call it as SELECT f(...) or SELECT * FROM f(...).")));
+	}
+	citus_check_query(copy, params);
+}
+
 static PlannedStmt *
 citus_tenant_planner(Query *parse, const char *query_string,
 					 int cursorOptions, ParamListInfo boundParams)
 {
 	citus_check_query(parse, boundParams);
+	citus_check_planned(parse, query_string, cursorOptions, boundParams);
 	if (citus_prev_planner != NULL)
 		return citus_prev_planner(parse, query_string, cursorOptions,
 								  boundParams);

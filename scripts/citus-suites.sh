@@ -205,6 +205,26 @@ suite_lifecycle() {
     got=$(psql -X -q -A -t -p "$PC" -U citus_nobody \
                -c "SELECT idem_reserve('globex', 'bound', 'c6', '{}') FROM (SELECT 1) x" 2>&1)
     case $got in *"over a subquery that reads no table"*) ;; *) fail "a call over a subquery of no table: $got" ;; esac
+    # Citus decides on the planned statement: a SQL function inlined into a
+    # call of ours is checked as planned (refused for another tenant, a
+    # call for the role's own), and a subquery or WITH query pulled up into
+    # one is refused (0A000), from a role with no grant too
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" \
+               -c "CREATE FUNCTION pg_temp.w(t text) RETURNS idempotency.reservation LANGUAGE sql AS \$\$ SELECT idem_reserve(t, 'bound', 'sw1', '{}') \$\$" \
+               -c "SELECT pg_temp.w('globex')" 2>&1)
+    case $got in *"is bound to tenant \"acme\""*) ;; *) fail "an inlined SQL function out of a binding: $got" ;; esac
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound \
+               -c "CREATE FUNCTION pg_temp.w(t text) RETURNS idempotency.reservation LANGUAGE sql AS \$\$ SELECT idem_reserve(t, 'bound', 'sw2', '{}') \$\$" \
+               -c "SELECT pg_temp.w('acme')" 2>/dev/null | outcome)
+    [ "$got" = created ] || fail "an inlined SQL function for the role's own tenant: $got"
+    for shape in "SELECT * FROM (SELECT * FROM idem_reserve('acme', 'bound', 'p1', '{}')) x" \
+                 "SELECT r.* FROM (SELECT 'acme'::text t) s, LATERAL idem_reserve(s.t, 'bound', 'p2', '{}') r" \
+                 "WITH c AS (SELECT 'acme'::text t) SELECT idem_reserve(c.t, 'bound', 'p3', '{}') FROM c"; do
+        got=$(psql -X -q -A -t -p "$PC" -U citus_nobody -c "$shape" 2>&1)
+        case $got in *"over a subquery"*) ;; *) fail "a pulled-up subquery, $shape: $got" ;; esac
+    done
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys WHERE scope = 'bound' AND idem_key IN ('sw1', 'p1', 'p2', 'p3')")
+    [ "$got" = 0 ] || fail "keys written by the refused planned shapes: $got"
     got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SELECT idem_reserve('acme', 'bound', 'alive', '{}')" | outcome)
     [ "$got" = created ] || fail "the coordinator after the refused calls: $got"
     ! grep -q "terminated by signal" "$base/node-$PC.log" || fail "a backend of the coordinator crashed"
