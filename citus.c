@@ -880,7 +880,11 @@ citus_check_query(Query *parse, ParamListInfo params)
 	}
 }
 
-/* query_tree_walker: whether a query reads a table anywhere. */
+/*
+ * query_tree_walker: whether a query reads a table anywhere but in a WITH
+ * query (one the statement does not use is dropped by the planner, and
+ * the rest may then be a call Citus delegates).
+ */
 static bool
 citus_reads_table(Node *node, void *context)
 {
@@ -890,7 +894,8 @@ citus_reads_table(Node *node, void *context)
 		return ((RangeTblEntry *) node)->rtekind == RTE_RELATION;
 	if (IsA(node, Query))
 		return query_tree_walker((Query *) node, citus_reads_table, context,
-								 QTW_EXAMINE_RTES_BEFORE);
+								 QTW_EXAMINE_RTES_BEFORE |
+								 QTW_IGNORE_CTE_SUBQUERIES);
 	return expression_tree_walker(node, citus_reads_table, context);
 }
 

@@ -219,11 +219,12 @@ suite_lifecycle() {
     [ "$got" = created ] || fail "an inlined SQL function for the role's own tenant: $got"
     for shape in "SELECT * FROM (SELECT * FROM idem_reserve('acme', 'bound', 'p1', '{}')) x" \
                  "SELECT r.* FROM (SELECT 'acme'::text t) s, LATERAL idem_reserve(s.t, 'bound', 'p2', '{}') r" \
-                 "WITH c AS (SELECT 'acme'::text t) SELECT idem_reserve(c.t, 'bound', 'p3', '{}') FROM c"; do
+                 "WITH c AS (SELECT 'acme'::text t) SELECT idem_reserve(c.t, 'bound', 'p3', '{}') FROM c" \
+                 "WITH unused AS (SELECT 1 FROM pg_class) SELECT * FROM (SELECT * FROM idem_reserve('acme', 'bound', 'p4', '{}')) x"; do
         got=$(psql -X -q -A -t -p "$PC" -U citus_nobody -c "$shape" 2>&1)
         case $got in *"over a subquery"*) ;; *) fail "a pulled-up subquery, $shape: $got" ;; esac
     done
-    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys WHERE scope = 'bound' AND idem_key IN ('sw1', 'p1', 'p2', 'p3')")
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys WHERE scope = 'bound' AND idem_key IN ('sw1', 'p1', 'p2', 'p3', 'p4')")
     [ "$got" = 0 ] || fail "keys written by the refused planned shapes: $got"
     got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SELECT idem_reserve('acme', 'bound', 'alive', '{}')" | outcome)
     [ "$got" = created ] || fail "the coordinator after the refused calls: $got"
