@@ -881,25 +881,6 @@ citus_check_query(Query *parse, ParamListInfo params)
 }
 
 /*
- * query_tree_walker: whether a query reads a table anywhere but in a WITH
- * query (one the statement does not use is dropped by the planner, and
- * the rest may then be a call Citus delegates).
- */
-static bool
-citus_reads_table(Node *node, void *context)
-{
-	if (node == NULL)
-		return false;
-	if (IsA(node, RangeTblEntry))
-		return ((RangeTblEntry *) node)->rtekind == RTE_RELATION;
-	if (IsA(node, Query))
-		return query_tree_walker((Query *) node, citus_reads_table, context,
-								 QTW_EXAMINE_RTES_BEFORE |
-								 QTW_IGNORE_CTE_SUBQUERIES);
-	return expression_tree_walker(node, citus_reads_table, context);
-}
-
-/*
  * expression/query walker: whether a query calls one of our delegated
  * functions, or a SQL function of a schema other than pg_catalog (which
  * the planner may inline into such a call), anywhere.
@@ -936,26 +917,32 @@ citus_calls_candidate(Node *node, void *context)
 }
 
 /*
- * Citus decides on the planned query, after SQL functions are inlined and
- * subqueries pulled up, so a statement that reads no table and is not one
- * of the two plain forms may turn into a delegated call only there
- * (SELECT w('acme') of a SQL function w that returns idem_reserve(...);
- * SELECT * FROM (SELECT * FROM idem_reserve(...)) x).  Such a statement
- * is planned once more here, on a copy, and the planned copy checked as
- * Citus would read it.  A pulled-up subquery Citus would delegate is
- * refused: Citus 13.2 fails to deparse it (the backend crashes).
+ * Citus decides on the planned query, after SQL functions are inlined,
+ * subqueries and views pulled up and clauses folded away, so a statement
+ * that is not one of the two plain forms may become a delegated call only
+ * there (SELECT w('acme') of a SQL function w that returns
+ * idem_reserve(...); SELECT * FROM (SELECT * FROM idem_reserve(...)) x; a
+ * WHERE true OR EXISTS (...) folded away).  A statement that calls one of
+ * ours, or a SQL function outside pg_catalog, anywhere, is planned once
+ * more here, on a copy (the plan is thrown away), and the call Citus would
+ * delegate from it is checked.  If planning left other range table
+ * entries behind it (a pulled-up subquery, SQL function or view) or WITH
+ * queries, the call is refused: Citus 13.2 fails to deparse such a query
+ * (the backend crashes).
  */
 static void
 citus_check_planned(Query *parse, const char *query_string,
 					int cursorOptions, ParamListInfo params)
 {
 	Query	   *copy;
-	RangeTblEntry *rte;
-	bool		pulled_up;
-	ListCell   *lc;
+	FuncExpr   *target = NULL;
+	FuncExpr   *from = NULL;
+	FuncExpr   *call;
+	int			used = 0;
 
 	if (parse->commandType != CMD_SELECT || parse->utilityStmt != NULL)
 		return;
+
 	/*
 	 * The plain forms of a call of ours, SELECT f(...) and SELECT ... FROM
 	 * f(...), are checked as they are (citus_check_query): folding their
@@ -976,60 +963,53 @@ citus_check_planned(Query *parse, const char *query_string,
 			!citus_calls_candidate((Node *) parse->targetList, NULL))
 			return;
 	}
-	if (citus_reads_table((Node *) parse, NULL) ||
-		!citus_calls_candidate((Node *) parse, NULL))
+	if (!citus_calls_candidate((Node *) parse, NULL))
 		return;
 	if (!OidIsValid(get_namespace_oid("idempotency", true)) ||
 		!idem_citus_distributed())
 		return;
-	pulled_up = parse->cteList != NIL;
-	foreach(lc, parse->rtable)
-		if (((RangeTblEntry *) lfirst(lc))->rtekind == RTE_SUBQUERY)
-			pulled_up = true;
 
 	copy = copyObject(parse);
 	(void) standard_planner(copy, query_string, cursorOptions, params);
+
+	/* the call Citus would delegate, as it picks it */
 	if (copy->jointree == NULL || copy->jointree->quals != NULL ||
 		list_length(copy->jointree->fromlist) > 1)
 		return;
 	if (list_length(copy->jointree->fromlist) == 1)
 	{
+		RangeTblEntry *rte;
+
 		if (!IsA(linitial(copy->jointree->fromlist), RangeTblRef))
 			return;
 		rte = rt_fetch(linitial_node(RangeTblRef,
 									 copy->jointree->fromlist)->rtindex,
 					   copy->rtable);
-		if (rte->rtekind != RTE_FUNCTION && rte->rtekind != RTE_RESULT)
+		if (rte->rtekind == RTE_FUNCTION)
+		{
+			if (list_length(rte->functions) == 1 &&
+				IsA(linitial_node(RangeTblFunction, rte->functions)->funcexpr, FuncExpr))
+				from = (FuncExpr *) linitial_node(RangeTblFunction, rte->functions)->funcexpr;
+		}
+		else if (rte->rtekind != RTE_RESULT)
 			return;
+		used = 1;
 	}
-	if (pulled_up)
-	{
-		bool		ours = false;
-
-		foreach(lc, copy->targetList)
-		{
-			Node	   *e = (Node *) ((TargetEntry *) lfirst(lc))->expr;
-
-			if (IsA(e, FuncExpr) && citus_is_delegated(((FuncExpr *) e)->funcid))
-				ours = true;
-		}
-		foreach(lc, copy->rtable)
-		{
-			RangeTblEntry *r = (RangeTblEntry *) lfirst(lc);
-
-			if (r->rtekind == RTE_FUNCTION &&
-				list_length(r->functions) == 1 &&
-				IsA(linitial_node(RangeTblFunction, r->functions)->funcexpr, FuncExpr) &&
-				citus_is_delegated(((FuncExpr *) linitial_node(RangeTblFunction, r->functions)->funcexpr)->funcid))
-				ours = true;
-		}
-		if (ours)
-			ereport(ERROR,
-					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("on Citus, a tenant function cannot be called over a subquery or WITH query that reads no table"),
-					 errhint("Call it as SELECT f(...) or SELECT * FROM f(...).")));
-	}
-	citus_check_query(copy, params);
+	if (list_length(copy->targetList) == 1 &&
+		IsA(linitial_node(TargetEntry, copy->targetList)->expr, FuncExpr))
+		target = (FuncExpr *) linitial_node(TargetEntry, copy->targetList)->expr;
+	if (target != NULL && from != NULL)
+		return;
+	call = target != NULL ? target : from;
+	if (call == NULL || !citus_is_delegated(call->funcid))
+		return;
+	if (list_length(copy->rtable) > used || copy->cteList != NIL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("on Citus, %s cannot be called over a subquery, view, SQL function or WITH query that reads no table",
+						get_func_name(call->funcid)),
+				 errhint("Call it as SELECT f(...) or SELECT * FROM f(...).")));
+	citus_check_call(call, params);
 }
 
 static PlannedStmt *
