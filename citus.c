@@ -886,34 +886,102 @@ citus_check_query(Query *parse, ParamListInfo params)
  * the planner may inline into such a call), anywhere.
  */
 static bool
+citus_candidate_func(Oid funcid, void *context)
+{
+	HeapTuple	tup;
+	bool		sql = false;
+
+	(void) context;
+	if (citus_is_delegated(funcid))
+		return true;
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcid));
+	if (HeapTupleIsValid(tup))
+	{
+		Form_pg_proc proc = (Form_pg_proc) GETSTRUCT(tup);
+
+		sql = proc->prolang == SQLlanguageId &&
+			proc->pronamespace != PG_CATALOG_NAMESPACE;
+		ReleaseSysCache(tup);
+	}
+	return sql;
+}
+
+static bool
 citus_calls_candidate(Node *node, void *context)
 {
 	if (node == NULL)
 		return false;
-	if (IsA(node, FuncExpr))
-	{
-		Oid			funcid = ((FuncExpr *) node)->funcid;
-		HeapTuple	tup;
-		bool		sql = false;
-
-		if (citus_is_delegated(funcid))
-			return true;
-		tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcid));
-		if (HeapTupleIsValid(tup))
-		{
-			Form_pg_proc proc = (Form_pg_proc) GETSTRUCT(tup);
-
-			sql = proc->prolang == SQLlanguageId &&
-				proc->pronamespace != PG_CATALOG_NAMESPACE;
-			ReleaseSysCache(tup);
-		}
-		if (sql)
-			return true;
-	}
+	/* a function, or an operator or cast whose function the planner inlines */
+	if (check_functions_in_node(node, citus_candidate_func, context))
+		return true;
 	if (IsA(node, Query))
 		return query_tree_walker((Query *) node, citus_calls_candidate,
 								 context, 0);
 	return expression_tree_walker(node, citus_calls_candidate, context);
+}
+
+/*
+ * query_tree_walker: whether a query reads a table anywhere but in a WITH
+ * query (planning a statement that reads none runs no planner hook of
+ * Citus's on a relation, and an unused WITH query is not planned).
+ */
+static bool
+citus_reads_table(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	/* a view's own entries (OLD and NEW, on 15) read nothing */
+	if (IsA(node, RangeTblEntry))
+		return ((RangeTblEntry *) node)->rtekind == RTE_RELATION &&
+			((RangeTblEntry *) node)->relkind != RELKIND_VIEW;
+	if (IsA(node, Query))
+		return query_tree_walker((Query *) node, citus_reads_table, context,
+								 QTW_EXAMINE_RTES_BEFORE |
+								 QTW_IGNORE_CTE_SUBQUERIES);
+	return expression_tree_walker(node, citus_reads_table, context);
+}
+
+/*
+ * A statement that reads a table is not planned here (Citus's planner
+ * hooks expect their own planner above them): its top-level expressions
+ * are folded as the planner folds them instead (SQL functions and
+ * operators inlined, WHERE true OR ... reduced), and the calls of ours
+ * they turn into are checked.
+ */
+static void
+citus_check_folded(Query *parse, ParamListInfo params)
+{
+	PlannerGlobal glob;
+	PlannerInfo root;
+	Query	   *copy = copyObject(parse);
+	ListCell   *lc;
+
+	memset(&glob, 0, sizeof(glob));
+	glob.type = T_PlannerGlobal;
+	glob.boundParams = params;
+	memset(&root, 0, sizeof(root));
+	root.type = T_PlannerInfo;
+	root.glob = &glob;
+	root.parse = copy;
+	copy->targetList = (List *) eval_const_expressions(&root, (Node *) copy->targetList);
+	if (copy->jointree != NULL)
+		copy->jointree->quals = eval_const_expressions(&root, copy->jointree->quals);
+	copy->havingQual = eval_const_expressions(&root, copy->havingQual);
+	foreach(lc, copy->rtable)
+	{
+		RangeTblEntry *rte = (RangeTblEntry *) lfirst(lc);
+		ListCell   *fc;
+
+		if (rte->rtekind != RTE_FUNCTION)
+			continue;
+		foreach(fc, rte->functions)
+		{
+			RangeTblFunction *f = (RangeTblFunction *) lfirst(fc);
+
+			f->funcexpr = eval_const_expressions(&root, f->funcexpr);
+		}
+	}
+	citus_check_query(copy, params);
 }
 
 /*
@@ -923,9 +991,10 @@ citus_calls_candidate(Node *node, void *context)
  * there (SELECT w('acme') of a SQL function w that returns
  * idem_reserve(...); SELECT * FROM (SELECT * FROM idem_reserve(...)) x; a
  * WHERE true OR EXISTS (...) folded away).  A statement that calls one of
- * ours, or a SQL function outside pg_catalog, anywhere, is planned once
- * more here, on a copy (the plan is thrown away), and the call Citus would
- * delegate from it is checked.  If planning left other range table
+ * ours, or a SQL function outside pg_catalog (through an operator too),
+ * anywhere, and reads no table, is planned once more here, on a copy (the
+ * plan is thrown away), and the call Citus would delegate from it is
+ * checked; one that reads a table is folded instead (citus_check_folded).  If planning left other range table
  * entries behind it (a pulled-up subquery, SQL function or view) or WITH
  * queries, the call is refused: Citus 13.2 fails to deparse such a query
  * (the backend crashes).
@@ -968,6 +1037,11 @@ citus_check_planned(Query *parse, const char *query_string,
 	if (!OidIsValid(get_namespace_oid("idempotency", true)) ||
 		!idem_citus_distributed())
 		return;
+	if (citus_reads_table((Node *) parse, NULL))
+	{
+		citus_check_folded(parse, params);
+		return;
+	}
 
 	copy = copyObject(parse);
 	(void) standard_planner(copy, query_string, cursorOptions, params);
