@@ -921,9 +921,8 @@ citus_calls_candidate(Node *node, void *context)
 }
 
 /*
- * query_tree_walker: whether a query reads a table anywhere but in a WITH
- * query (planning a statement that reads none runs no planner hook of
- * Citus's on a relation, and an unused WITH query is not planned).
+ * query_tree_walker: whether a query reads a table anywhere, but in a WITH
+ * query it does not use (the planner drops it).
  */
 static bool
 citus_reads_table(Node *node, void *context)
@@ -935,21 +934,32 @@ citus_reads_table(Node *node, void *context)
 		return ((RangeTblEntry *) node)->rtekind == RTE_RELATION &&
 			((RangeTblEntry *) node)->relkind != RELKIND_VIEW;
 	if (IsA(node, Query))
+	{
+		ListCell   *lc;
+
+		foreach(lc, ((Query *) node)->cteList)
+		{
+			CommonTableExpr *cte = (CommonTableExpr *) lfirst(lc);
+
+			if (cte->cterefcount > 0 &&
+				citus_reads_table(cte->ctequery, context))
+				return true;
+		}
 		return query_tree_walker((Query *) node, citus_reads_table, context,
 								 QTW_EXAMINE_RTES_BEFORE |
 								 QTW_IGNORE_CTE_SUBQUERIES);
+	}
 	return expression_tree_walker(node, citus_reads_table, context);
 }
 
 /*
- * A statement that reads a table is not planned here (Citus's planner
- * hooks expect their own planner above them): its top-level expressions
- * are folded as the planner folds them instead (SQL functions and
- * operators inlined, WHERE true OR ... reduced), and the calls of ours
- * they turn into are checked.
+ * A copy of a statement with its top-level expressions folded as the
+ * planner folds them (SQL functions and operators inlined, WHERE true OR
+ * ... reduced).  (Not planned: Citus's planner hooks expect their own
+ * planner above them.)
  */
-static void
-citus_check_folded(Query *parse, ParamListInfo params)
+static Query *
+citus_fold(Query *parse, ParamListInfo params)
 {
 	PlannerGlobal glob;
 	PlannerInfo root;
@@ -981,7 +991,88 @@ citus_check_folded(Query *parse, ParamListInfo params)
 			f->funcexpr = eval_const_expressions(&root, f->funcexpr);
 		}
 	}
-	citus_check_query(copy, params);
+	/* a WHERE folded to true is no WHERE */
+	if (copy->jointree != NULL && copy->jointree->quals != NULL &&
+		IsA(copy->jointree->quals, Const) &&
+		!((Const *) copy->jointree->quals)->constisnull &&
+		DatumGetBool(((Const *) copy->jointree->quals)->constvalue))
+		copy->jointree->quals = NULL;
+	return copy;
+}
+
+/* expression/query walker: whether a query calls one of ours anywhere. */
+static bool
+citus_calls_ours(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, FuncExpr) && citus_is_delegated(((FuncExpr *) node)->funcid))
+		return true;
+	if (IsA(node, Query))
+		return query_tree_walker((Query *) node, citus_calls_ours, context, 0);
+	return expression_tree_walker(node, citus_calls_ours, context);
+}
+
+/* expression walker: a call of ours outside any sub-select. */
+static bool
+citus_calls_ours_here(Node *node, void *context)
+{
+	if (node == NULL || IsA(node, SubLink))
+		return false;
+	if (IsA(node, FuncExpr) && citus_is_delegated(((FuncExpr *) node)->funcid))
+		return true;
+	return expression_tree_walker(node, citus_calls_ours_here, context);
+}
+
+/*
+ * Whether planning may pull a call of ours up into the statement's one
+ * call: one in its range table (a subquery, a view, a function in FROM) or
+ * WITH queries, or in its target list over a FROM.  (A call in a
+ * sub-select of an expression stays there: Citus delegates none.)
+ */
+static bool
+citus_calls_ours_pullable(Query *q)
+{
+	ListCell   *lc;
+
+	foreach(lc, q->rtable)
+	{
+		RangeTblEntry *rte = (RangeTblEntry *) lfirst(lc);
+
+		if ((rte->rtekind == RTE_SUBQUERY &&
+			 citus_calls_ours((Node *) rte->subquery, NULL)) ||
+			(rte->rtekind == RTE_FUNCTION &&
+			 citus_calls_ours_here((Node *) rte->functions, NULL)))
+			return true;
+	}
+	foreach(lc, q->cteList)
+		if (citus_calls_ours(((CommonTableExpr *) lfirst(lc))->ctequery, NULL))
+			return true;
+	return q->rtable != NIL &&
+		citus_calls_ours_here((Node *) q->targetList, NULL);
+}
+
+/* Whether a (folded) statement is one of the two plain forms of a call. */
+static bool
+citus_plain_call(Query *q)
+{
+	if (q->cteList != NIL || q->jointree == NULL || q->jointree->quals != NULL)
+		return false;
+	if (q->rtable == NIL)
+		return list_length(q->targetList) == 1 &&
+			IsA(linitial_node(TargetEntry, q->targetList)->expr, FuncExpr) &&
+			citus_is_delegated(((FuncExpr *) linitial_node(TargetEntry, q->targetList)->expr)->funcid);
+	if (list_length(q->rtable) == 1)
+	{
+		RangeTblEntry *only = linitial_node(RangeTblEntry, q->rtable);
+
+		return only->rtekind == RTE_FUNCTION &&
+			list_length(only->functions) == 1 &&
+			IsA(linitial_node(RangeTblFunction, only->functions)->funcexpr, FuncExpr) &&
+			citus_is_delegated(((FuncExpr *) linitial_node(RangeTblFunction, only->functions)->funcexpr)->funcid) &&
+			!citus_calls_ours((Node *) q->targetList, NULL);
+	}
+	return false;
 }
 
 /*
@@ -989,101 +1080,39 @@ citus_check_folded(Query *parse, ParamListInfo params)
  * subqueries and views pulled up and clauses folded away, so a statement
  * that is not one of the two plain forms may become a delegated call only
  * there (SELECT w('acme') of a SQL function w that returns
- * idem_reserve(...); SELECT * FROM (SELECT * FROM idem_reserve(...)) x; a
- * WHERE true OR EXISTS (...) folded away).  A statement that calls one of
- * ours, or a SQL function outside pg_catalog (through an operator too),
- * anywhere, and reads no table, is planned once more here, on a copy (the
- * plan is thrown away), and the call Citus would delegate from it is
- * checked; one that reads a table is folded instead (citus_check_folded).  If planning left other range table
- * entries behind it (a pulled-up subquery, SQL function or view) or WITH
- * queries, the call is refused: Citus 13.2 fails to deparse such a query
- * (the backend crashes).
+ * idem_reserve(...); WHERE true OR EXISTS (...) folded away).  Planning a
+ * copy here would run Citus's relation hooks without its planner above
+ * them (the backend crashes), so a statement that calls one of ours, or a
+ * SQL function outside pg_catalog (through an operator too), anywhere, is
+ * folded (citus_fold), then: if it is a plain call now, or reads a table,
+ * its calls are checked (citus_check_query); if it reads no table but
+ * calls one of ours in another shape (in a subquery, a view or a WITH
+ * query, or over one), it is refused: the planner may pull it up into a
+ * call Citus 13.2 fails to deparse (the backend crashes).
  */
 static void
-citus_check_planned(Query *parse, const char *query_string,
-					int cursorOptions, ParamListInfo params)
+citus_check_planned(Query *parse, ParamListInfo params)
 {
-	Query	   *copy;
-	FuncExpr   *target = NULL;
-	FuncExpr   *from = NULL;
-	FuncExpr   *call;
-	int			used = 0;
+	Query	   *folded;
 
 	if (parse->commandType != CMD_SELECT || parse->utilityStmt != NULL)
 		return;
-
-	/*
-	 * The plain forms of a call of ours, SELECT f(...) and SELECT ... FROM
-	 * f(...), are checked as they are (citus_check_query): folding their
-	 * tenant inlines any SQL function in it.
-	 */
-	if (parse->cteList == NIL && parse->rtable == NIL &&
-		list_length(parse->targetList) == 1 &&
-		IsA(linitial_node(TargetEntry, parse->targetList)->expr, FuncExpr) &&
-		citus_is_delegated(((FuncExpr *) linitial_node(TargetEntry, parse->targetList)->expr)->funcid))
+	/* plain forms are checked as they are (citus_check_query) */
+	if (citus_plain_call(parse))
 		return;
-	if (parse->cteList == NIL && list_length(parse->rtable) == 1)
-	{
-		RangeTblEntry *only = linitial_node(RangeTblEntry, parse->rtable);
-
-		if (only->rtekind == RTE_FUNCTION && list_length(only->functions) == 1 &&
-			IsA(linitial_node(RangeTblFunction, only->functions)->funcexpr, FuncExpr) &&
-			citus_is_delegated(((FuncExpr *) linitial_node(RangeTblFunction, only->functions)->funcexpr)->funcid) &&
-			!citus_calls_candidate((Node *) parse->targetList, NULL))
-			return;
-	}
 	if (!citus_calls_candidate((Node *) parse, NULL))
 		return;
 	if (!OidIsValid(get_namespace_oid("idempotency", true)) ||
 		!idem_citus_distributed())
 		return;
-	if (citus_reads_table((Node *) parse, NULL))
-	{
-		citus_check_folded(parse, params);
-		return;
-	}
-
-	copy = copyObject(parse);
-	(void) standard_planner(copy, query_string, cursorOptions, params);
-
-	/* the call Citus would delegate, as it picks it */
-	if (copy->jointree == NULL || copy->jointree->quals != NULL ||
-		list_length(copy->jointree->fromlist) > 1)
-		return;
-	if (list_length(copy->jointree->fromlist) == 1)
-	{
-		RangeTblEntry *rte;
-
-		if (!IsA(linitial(copy->jointree->fromlist), RangeTblRef))
-			return;
-		rte = rt_fetch(linitial_node(RangeTblRef,
-									 copy->jointree->fromlist)->rtindex,
-					   copy->rtable);
-		if (rte->rtekind == RTE_FUNCTION)
-		{
-			if (list_length(rte->functions) == 1 &&
-				IsA(linitial_node(RangeTblFunction, rte->functions)->funcexpr, FuncExpr))
-				from = (FuncExpr *) linitial_node(RangeTblFunction, rte->functions)->funcexpr;
-		}
-		else if (rte->rtekind != RTE_RESULT)
-			return;
-		used = 1;
-	}
-	if (list_length(copy->targetList) == 1 &&
-		IsA(linitial_node(TargetEntry, copy->targetList)->expr, FuncExpr))
-		target = (FuncExpr *) linitial_node(TargetEntry, copy->targetList)->expr;
-	if (target != NULL && from != NULL)
-		return;
-	call = target != NULL ? target : from;
-	if (call == NULL || !citus_is_delegated(call->funcid))
-		return;
-	if (list_length(copy->rtable) > used || copy->cteList != NIL)
+	folded = citus_fold(parse, params);
+	if (!citus_plain_call(folded) && !citus_reads_table((Node *) folded, NULL) &&
+		citus_calls_ours_pullable(folded))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("on Citus, %s cannot be called over a subquery, view, SQL function or WITH query that reads no table",
-						get_func_name(call->funcid)),
+				 errmsg("on Citus, a tenant function cannot be called in or over a subquery, view or WITH query of a statement that reads no table"),
 				 errhint("Call it as SELECT f(...) or SELECT * FROM f(...).")));
-	citus_check_call(call, params);
+	citus_check_query(folded, params);
 }
 
 static PlannedStmt *
@@ -1091,7 +1120,7 @@ citus_tenant_planner(Query *parse, const char *query_string,
 					 int cursorOptions, ParamListInfo boundParams)
 {
 	citus_check_query(parse, boundParams);
-	citus_check_planned(parse, query_string, cursorOptions, boundParams);
+	citus_check_planned(parse, boundParams);
 	if (citus_prev_planner != NULL)
 		return citus_prev_planner(parse, query_string, cursorOptions,
 								  boundParams);
