@@ -262,7 +262,8 @@ async def run_schedule(args, seed):
             elif k == 'checkpoint':
                 if st.status != 'processing' or (a['token'] is not None and st.token != a['token'] and not a.get('own_prior')):
                     sc.violate('FENCE: checkpoint with %s committed over %r' % (a['token'], st))
-                sc.apply(key, st.copy(locked=(a['t0'], a['t1'])), c0, c1)
+                # the attempt is alive: its checkpoint clears the flag
+                sc.apply(key, st.copy(locked=(a['t0'], a['t1']), flagged=False), c0, c1)
             elif k in ('complete', 'resolve'):
                 if st.status != 'processing' or (k == 'complete' and a['token'] is not None and st.token != a['token'] and not a.get('own_prior')):
                     sc.violate('FENCE: %s with %s committed over %r' % (k, a['token'], st))
@@ -464,7 +465,7 @@ async def run_schedule(args, seed):
                 elif k == 'stale_flag':
                     st = st.copy(flagged=True)
                 elif k == 'checkpoint':
-                    st = st.copy(locked=(a['t0'], a['t1']))
+                    st = st.copy(locked=(a['t0'], a['t1']), flagged=False)
                 elif k == 'complete':
                     st = (KeyState('succeeded' if a['code'] < 400 else 'failed', st.fp, None, code=a['code'],
                                    body=a['body'], headers=a['headers']) if a['stored'] else KeyState())
