@@ -53,6 +53,7 @@
 #include "lib/stringinfo.h"
 #include "nodes/nodeFuncs.h"
 #include "nodes/params.h"
+#include "optimizer/clauses.h"
 #include "optimizer/optimizer.h"
 #include "optimizer/planner.h"
 #include "parser/parsetree.h"
@@ -740,6 +741,21 @@ citus_is_delegated(Oid funcid)
 }
 
 /*
+ * The planner state eval_const_expressions and inline_set_returning_function
+ * read: the parameters of a custom plan (a generic plan has none).
+ */
+static void
+citus_fold_root(PlannerInfo *root, PlannerGlobal *glob, ParamListInfo params)
+{
+	memset(glob, 0, sizeof(*glob));
+	glob->type = T_PlannerGlobal;
+	glob->boundParams = params;
+	memset(root, 0, sizeof(*root));
+	root->type = T_PlannerInfo;
+	root->glob = glob;
+}
+
+/*
  * Check the tenant of a call of ours, when planning knows it: a bound
  * parameter, or an expression the planner folds to a constant (with the
  * parameters of a custom plan), which is the value Citus delegates the
@@ -798,12 +814,7 @@ citus_check_call(FuncExpr *fe, ParamListInfo params)
 		Node	   *folded;
 
 		/* as the planner folds it, a custom plan's parameters included */
-		memset(&glob, 0, sizeof(glob));
-		glob.type = T_PlannerGlobal;
-		glob.boundParams = params;
-		memset(&root, 0, sizeof(root));
-		root.type = T_PlannerInfo;
-		root.glob = &glob;
+		citus_fold_root(&root, &glob, params);
 		folded = eval_const_expressions(&root, copyObject(arg));
 		if (!IsA(folded, Const))
 			return;
@@ -953,9 +964,49 @@ citus_reads_table(Node *node, void *context)
 }
 
 /*
+ * Fold the functions in FROM of a query, and of its subqueries and WITH
+ * queries, and inline the SETOF SQL functions among them into subqueries,
+ * as the planner does before it pulls subqueries up (a STABLE SETOF SQL
+ * function over a call of ours becomes that call).
+ */
+static void
+citus_inline_functions(PlannerInfo *root, Query *q)
+{
+	ListCell   *lc;
+
+	check_stack_depth();
+	foreach(lc, q->rtable)
+	{
+		RangeTblEntry *rte = (RangeTblEntry *) lfirst(lc);
+
+		if (rte->rtekind == RTE_FUNCTION)
+		{
+			Query	   *inlined;
+
+			rte->functions = (List *)
+				eval_const_expressions(root, (Node *) rte->functions);
+			inlined = inline_set_returning_function(root, rte);
+			if (inlined != NULL)
+			{
+				rte->rtekind = RTE_SUBQUERY;
+				rte->subquery = inlined;
+				rte->functions = NIL;
+				rte->funcordinality = false;
+			}
+		}
+		if (rte->rtekind == RTE_SUBQUERY)
+			citus_inline_functions(root, rte->subquery);
+	}
+	foreach(lc, q->cteList)
+		citus_inline_functions(root,
+							   (Query *) ((CommonTableExpr *) lfirst(lc))->ctequery);
+}
+
+/*
  * A copy of a statement with its top-level expressions folded as the
  * planner folds them (SQL functions and operators inlined, WHERE true OR
- * ... reduced).  (Not planned: Citus's planner hooks expect their own
+ * ... reduced) and its SETOF SQL functions in FROM inlined into
+ * subqueries.  (Not planned: Citus's planner hooks expect their own
  * planner above them.)
  */
 static Query *
@@ -964,33 +1015,14 @@ citus_fold(Query *parse, ParamListInfo params)
 	PlannerGlobal glob;
 	PlannerInfo root;
 	Query	   *copy = copyObject(parse);
-	ListCell   *lc;
 
-	memset(&glob, 0, sizeof(glob));
-	glob.type = T_PlannerGlobal;
-	glob.boundParams = params;
-	memset(&root, 0, sizeof(root));
-	root.type = T_PlannerInfo;
-	root.glob = &glob;
+	citus_fold_root(&root, &glob, params);
 	root.parse = copy;
 	copy->targetList = (List *) eval_const_expressions(&root, (Node *) copy->targetList);
 	if (copy->jointree != NULL)
 		copy->jointree->quals = eval_const_expressions(&root, copy->jointree->quals);
 	copy->havingQual = eval_const_expressions(&root, copy->havingQual);
-	foreach(lc, copy->rtable)
-	{
-		RangeTblEntry *rte = (RangeTblEntry *) lfirst(lc);
-		ListCell   *fc;
-
-		if (rte->rtekind != RTE_FUNCTION)
-			continue;
-		foreach(fc, rte->functions)
-		{
-			RangeTblFunction *f = (RangeTblFunction *) lfirst(fc);
-
-			f->funcexpr = eval_const_expressions(&root, f->funcexpr);
-		}
-	}
+	citus_inline_functions(&root, copy);
 	/* a WHERE folded to true is no WHERE */
 	if (copy->jointree != NULL && copy->jointree->quals != NULL &&
 		IsA(copy->jointree->quals, Const) &&
@@ -1086,8 +1118,8 @@ citus_plain_call(Query *q)
  * SQL function outside pg_catalog (through an operator too), anywhere, is
  * folded (citus_fold), then: if it is a plain call now, or reads a table,
  * its calls are checked (citus_check_query); if it reads no table but
- * calls one of ours in another shape (in a subquery, a view or a WITH
- * query, or over one), it is refused: the planner may pull it up into a
+ * calls one of ours in another shape (in a subquery, a view, a WITH
+ * query or a SETOF SQL function, or over one), it is refused: the planner may pull it up into a
  * call Citus 13.2 fails to deparse (the backend crashes).
  */
 static void
@@ -1110,7 +1142,7 @@ citus_check_planned(Query *parse, ParamListInfo params)
 		citus_calls_ours_pullable(folded))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("on Citus, a tenant function cannot be called in or over a subquery, view or WITH query of a statement that reads no table"),
+				 errmsg("on Citus, a tenant function cannot be called in or over a subquery, view, WITH query or SETOF SQL function of a statement that reads no table"),
 				 errhint("Call it as SELECT f(...) or SELECT * FROM f(...).")));
 	citus_check_query(folded, params);
 }

@@ -237,6 +237,16 @@ suite_lifecycle() {
                -c "CREATE TEMP VIEW v AS SELECT * FROM idem_lookup('acme', 'bound', 'alive')" \
                -c "SELECT * FROM v" 2>&1)
     case $got in *"subquery"*) ;; *) fail "a view over a call: $got" ;; esac
+    # a STABLE SETOF SQL function over a call is inlined into a subquery
+    # (through another such function, or in a WITH query, too)
+    local ws="CREATE FUNCTION pg_temp.ws(t text) RETURNS SETOF idempotency.reservation LANGUAGE sql STABLE AS \$\$ SELECT * FROM idem_reserve(t, 'bound', 'ss1', '{}') \$\$"
+    local ws2="CREATE FUNCTION pg_temp.ws2(t text) RETURNS SETOF idempotency.reservation LANGUAGE sql STABLE AS \$\$ SELECT * FROM pg_temp.ws(t) \$\$"
+    for shape in "SELECT * FROM pg_temp.ws('acme')" \
+                 "SELECT outcome FROM pg_temp.ws2('acme')" \
+                 "WITH c AS (SELECT * FROM pg_temp.ws('acme')) SELECT outcome FROM c"; do
+        got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "$ws" -c "$ws2" -c "$shape" 2>&1)
+        case $got in *"SETOF SQL function"*) ;; *) fail "a SETOF SQL function over a call, $shape: $got" ;; esac
+    done
     got=$(psql -X -q -A -t -p "$PC" -U citus_nobody \
                -c "SELECT idem_reserve(s.t, 'bound', 'p5', '{}') FROM (SELECT t FROM (SELECT 'acme'::text t) i) s WHERE true OR EXISTS (SELECT 1 FROM pg_class)" 2>&1)
     case $got in *"subquery"*) ;; *) fail "a pulled-up subquery behind a folded WHERE: $got" ;; esac
@@ -262,7 +272,7 @@ suite_lifecycle() {
     [ "$got" = PG_CLASS ] || fail "a SQL function of one's own over a table: $got"
     got=$(q "$PC" -c "WITH c AS (SELECT relname FROM pg_class WHERE relname = 'pg_class') SELECT public.citus_upper(relname) FROM c" 2>&1)
     [ "$got" = PG_CLASS ] || fail "a SQL function of one's own over a WITH query of a table: $got"
-    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys WHERE scope = 'bound' AND idem_key IN ('sw1', 'sw3', 'sw4', 'op1', 'p1', 'p2', 'p3', 'p4')")
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys WHERE scope = 'bound' AND idem_key IN ('sw1', 'sw3', 'sw4', 'op1', 'p1', 'p2', 'p3', 'p4', 'ss1')")
     [ "$got" = 0 ] || fail "keys written by the refused planned shapes: $got"
     got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SELECT idem_reserve('acme', 'bound', 'alive', '{}')" | outcome)
     [ "$got" = created ] || fail "the coordinator after the refused calls: $got"
