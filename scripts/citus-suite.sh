@@ -17,7 +17,9 @@ lib=$IDEM_DESTDIR$("$PG_CONFIG" --pkglibdir)
 
 # three free ports in a row
 for i in $(seq 1 100); do
-    p=$((20000 + RANDOM % 20000))
+    # below the kernel's ephemeral ports (32768 and up), which an
+    # outgoing connection may hold at the moment the server binds
+    p=$((20000 + RANDOM % 12000))
     free=1
     for q in $p $((p + 1)) $((p + 2)); do
         if [ -e "/var/run/postgresql/.s.PGSQL.$q" ] || [ -e "/tmp/.s.PGSQL.$q" ] ||

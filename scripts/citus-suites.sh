@@ -5,6 +5,18 @@
 CITUS_SUITES="distribute lifecycle payments storm outbox maintenance move restart"
 
 # The port of the node holding the shard of tenant $1.
+# psql on the coordinator as citus_bound (bound to acme), SET ROLE to
+# citus_free (bound to no tenant), then the given commands
+as_free() {
+    psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" "$@"
+}
+
+# a temporary SQL function pg_temp.w(tenant) the planner inlines into
+# idem_reserve(tenant, 'bound', KEY, '{}')
+wrapper() {
+    echo "CREATE FUNCTION pg_temp.w(t text) RETURNS idempotency.reservation LANGUAGE sql AS \$\$ SELECT idem_reserve(t, 'bound', '$1', '{}') \$\$"
+}
+
 shard_port() {
     q "$PC" -c "SELECT nodeport FROM pg_catalog.pg_dist_shard_placement
                  WHERE shardid = get_shard_id_for_distribution_column('idempotency.keys', '$1')"
@@ -154,13 +166,13 @@ suite_lifecycle() {
     # custom and generic plans
     q "$PC" -c "CREATE ROLE citus_free LOGIN" -c "GRANT idempotency_app TO citus_free" \
         -c "GRANT citus_free TO citus_bound" >/dev/null || fail "an unbound role"
-    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" \
+    got=$(as_free \
                -c "SELECT idem_reserve('globex', 'bound', 'sr1', '{}')" 2>&1)
     case $got in *"is bound to tenant \"acme\""*) ;; *) fail "SET ROLE out of a binding: $got" ;; esac
     got=$(for i in 1 2 3 4 5 6 7 8; do
               echo "SELECT count(*) FROM (SELECT 1) x WHERE false;"
               echo "EXECUTE r('globex', 'sp$i');"
-          done | psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" \
+          done | as_free \
                -c "PREPARE r(text, text) AS SELECT idem_reserve(\$1, 'bound', \$2, '{}')" -f - 2>&1 |
           grep -c 'is bound to tenant "acme"')
     [ "$got" = 8 ] || fail "SET ROLE out of a binding, prepared: refused $got times of 8"
@@ -176,10 +188,10 @@ suite_lifecycle() {
                  "SELECT idem_reserve('globex'::varchar, 'bound', 'sv1', '{}')" \
                  "SELECT idem_reserve(lower('GLOBEX'), 'bound', 'se1', '{}')" \
                  "SELECT * FROM outbox_enqueue('glo' || 'bex', 'topic', '{}')"; do
-        got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" -c "$shape" 2>&1)
+        got=$(as_free -c "$shape" 2>&1)
         case $got in *"is bound to tenant \"acme\""*) ;; *) fail "SET ROLE out of a binding, $shape: $got" ;; esac
     done
-    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" \
+    got=$(as_free \
                -c "PREPARE v(varchar) AS SELECT * FROM idem_reserve(\$1, 'bound', 'sv2', '{}')" \
                -c "EXECUTE v('globex')" 2>&1)
     case $got in *"is bound to tenant \"acme\""*) ;; *) fail "SET ROLE out of a binding, varchar parameter: $got" ;; esac
@@ -209,12 +221,12 @@ suite_lifecycle() {
     # call of ours is checked as planned (refused for another tenant, a
     # call for the role's own), and a subquery or WITH query pulled up into
     # one is refused (0A000), from a role with no grant too
-    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" \
-               -c "CREATE FUNCTION pg_temp.w(t text) RETURNS idempotency.reservation LANGUAGE sql AS \$\$ SELECT idem_reserve(t, 'bound', 'sw1', '{}') \$\$" \
+    got=$(as_free \
+               -c "$(wrapper sw1)" \
                -c "SELECT pg_temp.w('globex')" 2>&1)
     case $got in *"is bound to tenant \"acme\""*) ;; *) fail "an inlined SQL function out of a binding: $got" ;; esac
     got=$(psql -X -q -A -t -p "$PC" -U citus_bound \
-               -c "CREATE FUNCTION pg_temp.w(t text) RETURNS idempotency.reservation LANGUAGE sql AS \$\$ SELECT idem_reserve(t, 'bound', 'sw2', '{}') \$\$" \
+               -c "$(wrapper sw2)" \
                -c "SELECT pg_temp.w('acme')" 2>/dev/null | outcome)
     [ "$got" = created ] || fail "an inlined SQL function for the role's own tenant: $got"
     for shape in "SELECT * FROM (SELECT * FROM idem_reserve('acme', 'bound', 'p1', '{}')) x" \
@@ -228,8 +240,8 @@ suite_lifecycle() {
     # function the planner inlines into a subquery
     for shape in "SELECT pg_temp.w('globex') WHERE true OR EXISTS (SELECT 1 FROM pg_class)" \
                  "WITH u AS (SELECT 1 FROM pg_class) SELECT pg_temp.w('globex')"; do
-        got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" \
-                   -c "CREATE FUNCTION pg_temp.w(t text) RETURNS idempotency.reservation LANGUAGE sql AS \$\$ SELECT idem_reserve(t, 'bound', 'sw3', '{}') \$\$" \
+        got=$(as_free \
+                   -c "$(wrapper sw3)" \
                    -c "$shape" 2>&1)
         case $got in *"is bound to tenant \"acme\""*|*"subquery"*) ;; *) fail "a folded wrapper out of a binding, $shape: $got" ;; esac
     done
@@ -257,13 +269,13 @@ suite_lifecycle() {
     [ "$got" = 1 ] || fail "an inlined SETOF SQL function over a table: $got"
     # a wrapper reached through an operator, or under a LIMIT that reads a
     # table (a statement that reads a table is folded, not planned, here)
-    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" \
+    got=$(as_free \
                -c "CREATE FUNCTION pg_temp.opf(t text, k text) RETURNS idempotency.reservation LANGUAGE sql AS \$\$ SELECT idem_reserve(t, 'bound', k, '{}') \$\$" \
                -c "CREATE OPERATOR pg_temp.#### (LEFTARG = text, RIGHTARG = text, FUNCTION = pg_temp.opf)" \
                -c "SELECT 'globex' OPERATOR(pg_temp.####) 'op1'" 2>&1)
     case $got in *"is bound to tenant \"acme\""*) ;; *) fail "an operator over a wrapper out of a binding: $got" ;; esac
-    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_free" \
-               -c "CREATE FUNCTION pg_temp.w(t text) RETURNS idempotency.reservation LANGUAGE sql AS \$\$ SELECT idem_reserve(t, 'bound', 'sw4', '{}') \$\$" \
+    got=$(as_free \
+               -c "$(wrapper sw4)" \
                -c "SELECT pg_temp.w('globex') LIMIT (SELECT 1 FROM pg_class LIMIT 1)" 2>&1)
     case $got in *"is bound to tenant \"acme\""*) ;; *) fail "a wrapper under a LIMIT that reads a table: $got" ;; esac
     # an application's own SQL function over a table is left alone
@@ -729,6 +741,21 @@ suite_restart() {
     got=$(q "$PC" -c "SELECT (SELECT count(*) FROM idempotency.keys WHERE scope = 'restart' AND status = 'succeeded')
                       || ' ' || (SELECT count(*) FROM charges WHERE tenant_id LIKE 'r%')")
     [ "$got" = "$n $n" ] || fail "keys and charges after the retries: $got, not $n $n"
+
+    # bindings and scopes are reference tables, changed on every node at
+    # once: while a worker is down a change fails, and changes nothing
+    q "$PC" -c "CREATE ROLE citus_down" >/dev/null || fail "a role for the binding"
+    pg_ctl -D "$(node_dir "$wport")" -m immediate -w stop >/dev/null
+    got=$(q "$PC" -c "SELECT idem_bind_tenant('citus_down', 'r1')" 2>&1)
+    case $got in *ERROR*) ;; *) fail "a binding made while a worker was down: $got" ;; esac
+    got=$(q "$PC" -c "SELECT idem_configure_scope('down', '{\"ttl\": \"1 hour\"}')" 2>&1)
+    case $got in *ERROR*) ;; *) fail "a scope configured while a worker was down: $got" ;; esac
+    start_node "$wport" || fail "worker $wport did not start again"
+    got=$(q "$PC" -c "SELECT (SELECT count(*) FROM idempotency.tenant_bindings WHERE role::text = 'citus_down')
+                      + (SELECT count(*) FROM idempotency.scopes WHERE scope = 'down')")
+    [ "$got" = 0 ] || fail "rows left by the changes refused while a worker was down: $got"
+    q "$PC" -c "SELECT idem_bind_tenant('citus_down', 'r1')" >/dev/null ||
+        fail "a binding once every worker is back"
 }
 
 # Not a suite: pgbench of one-statement requests (idem_execute, a handler

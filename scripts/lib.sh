@@ -130,7 +130,9 @@ cluster_options() {
     if [ -z "${PGPORT:-}" ]; then
         local p i
         for i in $(seq 1 100); do
-            p=$((20000 + RANDOM % 20000))
+            # below the kernel's ephemeral ports (32768 and up), which an
+            # outgoing connection may hold at the moment the server binds
+            p=$((20000 + RANDOM % 12000))
             if [ ! -e "/var/run/postgresql/.s.PGSQL.$p" ] && [ ! -e "/tmp/.s.PGSQL.$p" ] &&
                ! (echo > "/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
                 export PGPORT=$p

@@ -141,17 +141,26 @@ is($node->safe_psql('postgres', $summary), '16 pairs, 48 reaped, other 0',
 # usage per entry) is still read after the upgrade's restart
 my $dboid = $node->safe_psql('postgres',
 	"SELECT oid FROM pg_database WHERE datname = 'postgres'");
-$node->stop;
+my $statfile = $node->data_dir . '/pg_stat/idempotency.stat';
+
+# stop the server, put a statistics file in place, start it again
+sub restart_with_statfile
+{
+	my ($bytes) = @_;
+	$node->stop;
+	open(my $fh, '>:raw', $statfile) or die "could not write $statfile: $!";
+	print $fh $bytes;
+	close($fh);
+	$node->start;
+	return;
+}
+
 my $v1_entry = 'L Z128 Z128 x4 Q9';
 my $v1 =
     pack('L L L q', 0x1de57a75, 1, 9, 2)
   . pack($v1_entry, $dboid, 'v1-tenant', 'orders', 5, 4, 0, 0, 0, 3, 0, 0, 0)
   . pack($v1_entry, 0, '(other)', '(other)', 7, 0, 0, 0, 0, 0, 0, 2, 0);
-my $statfile = $node->data_dir . '/pg_stat/idempotency.stat';
-open(my $fh, '>:raw', $statfile) or die "could not write $statfile: $!";
-print $fh $v1;
-close($fh);
-$node->start;
+restart_with_statfile($v1);
 is($node->safe_psql('postgres',
 		"SELECT string_agg(tenant || ' ' || created || ' ' || replayed || ' '"
 		  . " || completed || ' ' || reaped, ', ' ORDER BY tenant)"
@@ -161,15 +170,11 @@ is($node->safe_psql('postgres',
 
 # a version 2 file (usage per entry, 9 counters: no rate_limited yet) is
 # read too, and the counter it lacks starts at zero
-$node->stop;
 my $v2_entry = 'L Z128 Z128 x4 d Q9';
 my $v2 =
     pack('L L L q', 0x1de57a75, 2, 9, 1)
   . pack($v2_entry, $dboid, 'v2-tenant', 'orders', 1.0, 6, 1, 0, 2, 0, 5, 0, 4, 0);
-open($fh, '>:raw', $statfile) or die "could not write $statfile: $!";
-print $fh $v2;
-close($fh);
-$node->start;
+restart_with_statfile($v2);
 is($node->safe_psql('postgres',
 		"SELECT string_agg(tenant || ' ' || created || ' ' || mismatched || ' '"
 		  . " || completed || ' ' || reaped || ' ' || rate_limited, ', ' ORDER BY tenant)"
@@ -212,16 +217,12 @@ is($node->safe_psql('postgres',
 
 # a version 3 file (names cut at 127 bytes): a name over 110 bytes, whose
 # whole form is unknown, is counted under (other); shorter names as they were
-$node->stop;
 my $v3_entry = 'L Z128 Z128 x4 d Q10';
 my $v3 =
     pack('L L L q', 0x1de57a75, 3, 10, 2)
   . pack($v3_entry, $dboid, 'v3-short', 'orders', 1.0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0)
   . pack($v3_entry, $dboid, 'x' x 127, 'orders', 1.0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-open($fh, '>:raw', $statfile) or die "could not write $statfile: $!";
-print $fh $v3;
-close($fh);
-$node->start;
+restart_with_statfile($v3);
 is($node->safe_psql('postgres',
 		"SELECT string_agg(tenant || ' ' || created, ', ' ORDER BY tenant)"
 		  . " FROM idempotency.stats"),
