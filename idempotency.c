@@ -22,6 +22,7 @@
 #include "access/htup_details.h"
 #include "access/stratnum.h"
 #include "access/table.h"
+#include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_namespace.h"
@@ -721,6 +722,13 @@ idem_spi_connect(void)
  * transaction (a standby, or default_transaction_read_only).  "cxt" is the
  * memory context of the caller's PG_TRY.
  */
+#define IDEM_READ_ONLY_DETAIL_STANDBY \
+	"This server is a standby: this call writes the extension's tables."
+#define IDEM_READ_ONLY_DETAIL \
+	"This transaction is read-only: this call writes the extension's tables."
+#define IDEM_READ_ONLY_HINT \
+	"Send the call to the primary, in a read-write transaction; a standby answers replays of finished keys and lookups."
+
 static void
 idem_rethrow_with_hint(MemoryContext cxt)
 {
@@ -746,11 +754,29 @@ idem_rethrow_with_hint(MemoryContext cxt)
 	{
 		if (edata->detail == NULL)
 			edata->detail = pstrdup(RecoveryInProgress() ?
-									"This server is a standby: this call writes the extension's tables." :
-									"This transaction is read-only: this call writes the extension's tables.");
-		edata->hint = pstrdup("Send the call to the primary, in a read-write transaction; a standby answers replays of finished keys and lookups.");
+									IDEM_READ_ONLY_DETAIL_STANDBY :
+									IDEM_READ_ONLY_DETAIL);
+		edata->hint = pstrdup(IDEM_READ_ONLY_HINT);
 	}
 	ReThrowError(edata);
+}
+
+/*
+ * Refuse a call that is about to write in a read-only transaction (25006),
+ * before it changes shared state that a rollback would not undo (a
+ * tenant's rate).  Its error is the one the write itself would raise.
+ */
+void
+idem_require_writable(const char *what)
+{
+	if (XactReadOnly)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot execute %s in a read-only transaction", what),
+				 errdetail(RecoveryInProgress() ?
+						   IDEM_READ_ONLY_DETAIL_STANDBY :
+						   IDEM_READ_ONLY_DETAIL),
+				 errhint(IDEM_READ_ONLY_HINT)));
 }
 
 /*

@@ -114,6 +114,7 @@ extern int	idem_spi_execute(struct _SPI_plan *plan, Datum *values,
 pg_noreturn extern void idem_null_argument(const char *name);
 #else
 extern void idem_null_argument(const char *name) pg_attribute_noreturn();
+extern void idem_require_writable(const char *what);
 #endif
 extern void idem_require_arg(FunctionCallInfo fcinfo, int argno,
 							 const char *name);

@@ -1901,6 +1901,9 @@ reserve_rate_limited(KeyIdent *id, const ScopePolicy *policy,
 
 	if (*admitted)
 		return false;
+	/* a read-only transaction would fail at the insert, after the rate */
+	if (rated || policy->max_live_keys > 0)
+		idem_require_writable("idem_reserve");
 	if (!rated ||
 		idem_rate_admit(id->tenant, id->scope, policy->new_keys_per_second,
 						policy->new_keys_burst, &retry_after))

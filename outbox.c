@@ -2422,7 +2422,10 @@ outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
 			if (IsolationUsesXactSnapshot())
 				ereport(ERROR,
 						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-						 errmsg("could not serialize access due to concurrent update")));
+						 errmsg("could not serialize access to outbox row " INT64_FORMAT,
+								id),
+						 errdetail("The row was changed by a transaction that committed after this transaction's snapshot was taken."),
+						 errhint("Retry the whole transaction; under READ COMMITTED this does not happen.")));
 			/* READ COMMITTED: the fence again, on what the other left */
 			continue;
 		}

@@ -149,5 +149,15 @@ SELECT pg_sleep(1.1);
 SELECT outcome FROM idem_reserve('q_c', 'q_rated', 'qr-4', '{}');
 SELECT created, rate_limited FROM idempotency.stats WHERE scope = 'q_rated';
 
-DELETE FROM idempotency.keys WHERE tenant_id IN ('rl_a', 'rl_b', 'rl_first', 'q_a', 'q_b', 'q_c') OR tenant_id LIKE 'rl\_t%';
-DELETE FROM idempotency.scopes WHERE scope IN ('rl_scope', 'rl_fast', 'rl_full', 'q_scope', 'q_rated');
+-- a new key in a read-only transaction is refused (25006) before it takes
+-- the rate: with a burst of 1, the first key in a read-write transaction
+-- is then created
+SELECT scope FROM idem_configure_scope('q_ro', '{"new_keys_per_second": 0.001, "new_keys_burst": 1}');
+BEGIN READ ONLY;
+SELECT pg_temp.err($$SELECT idem_reserve('q_d', 'q_ro', 'ro-1', '{}')$$);
+ROLLBACK;
+SELECT outcome FROM idem_reserve('q_d', 'q_ro', 'ro-2', '{}');
+SELECT created, rate_limited FROM idempotency.stats WHERE scope = 'q_ro';
+
+DELETE FROM idempotency.keys WHERE tenant_id IN ('rl_a', 'rl_b', 'rl_first', 'q_a', 'q_b', 'q_c', 'q_d') OR tenant_id LIKE 'rl\_t%';
+DELETE FROM idempotency.scopes WHERE scope IN ('rl_scope', 'rl_fast', 'rl_full', 'q_scope', 'q_rated', 'q_ro');

@@ -41,5 +41,38 @@ is($node->safe_psql('r2',
 is($node->safe_psql('r2',
 		"SELECT count(*) FROM pg_roles WHERE rolname LIKE 'idempotency\\_%'"),
 	'3', 'one of each role');
+
+# installed in a schema of the DBA's choice (and updated there from 1.0):
+# granting one role is still the whole set-up of a login role
+for my $version ('1.1', '1.0')
+{
+	my $db = 'api' . ($version =~ s/\.//r);
+	$node->safe_psql('postgres', "CREATE DATABASE $db");
+	$node->safe_psql($db,
+		"CREATE SCHEMA api; CREATE EXTENSION idempotency SCHEMA api VERSION '$version'");
+	$node->safe_psql($db, 'ALTER EXTENSION idempotency UPDATE')
+	  if $version eq '1.0';
+	$node->safe_psql($db, q{
+		DO $$ BEGIN
+			IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'api_app') THEN
+				CREATE ROLE api_app LOGIN; CREATE ROLE api_worker LOGIN;
+				CREATE ROLE api_dba LOGIN;
+				GRANT idempotency_app TO api_app;
+				GRANT idempotency_worker TO api_worker;
+				GRANT idempotency_admin TO api_dba;
+			END IF;
+		END $$});
+	my $as = sub { $node->connstr($db) . " user=$_[0]" };
+	is($node->safe_psql($db,
+			"SELECT outcome FROM api.idem_reserve('acme', 'orders', 'k1', '{}')",
+			connstr => $as->('api_app')),
+		'created', "SCHEMA api ($version): the application reserves");
+	is($node->safe_psql($db, 'SELECT count(*) FROM api.outbox_claim(\'w\')',
+			connstr => $as->('api_worker')),
+		'0', "SCHEMA api ($version): the worker claims");
+	is($node->safe_psql($db, 'CALL api.idem_maintain()',
+			connstr => $as->('api_dba')) // '',
+		'', "SCHEMA api ($version): the operator runs maintenance");
+}
 $node->stop;
 done_testing();

@@ -60,5 +60,21 @@ for my $level ('REPEATABLE READ', 'SERIALIZABLE')
 		         available_at = now() - interval '1 minute', attempts = 0});
 }
 
+# a row claimed before the snapshot and extended by its holder's heartbeat
+# after it: the ack in the snapshot's transaction is a serialization
+# failure with the detail and hint of every such error of the extension
+my ($id, $tok) = split / /, $node->safe_psql('postgres',
+	q{SELECT id || ' ' || lease_token FROM outbox_claim('w', 1, '5 minutes')});
+my $worker = $node->background_psql('postgres', on_error_stop => 0);
+my ($out, $err) = run_in($worker,
+	'BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1;');
+$node->safe_psql('postgres',
+	"SELECT outbox_extend('rr', $id, '$tok', '10 minutes')");
+($out, $err) = run_in($worker, "SELECT outbox_ack('rr', $id, '$tok');");
+like($err,
+	qr/ERROR:  could not serialize access to outbox row $id\nDETAIL:  .+\nHINT:  Retry the whole transaction; under READ COMMITTED this does not happen\./,
+	'an ack of a row extended after the snapshot: 40001 with its hint');
+$worker->quit;
+
 $node->stop;
 done_testing();
