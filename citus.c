@@ -45,6 +45,7 @@
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
+#include "executor/executor.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "access/htup_details.h"
@@ -57,6 +58,7 @@
 #include "optimizer/optimizer.h"
 #include "optimizer/planner.h"
 #include "parser/parsetree.h"
+#include "tcop/utility.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -756,23 +758,18 @@ citus_fold_root(PlannerInfo *root, PlannerGlobal *glob, ParamListInfo params)
 }
 
 /*
- * Check the tenant of a call of ours, when planning knows it: a bound
- * parameter, or an expression the planner folds to a constant (with the
- * parameters of a custom plan), which is the value Citus delegates the
- * call by, whatever its type (varchar from a driver) or spelling
- * (lower('ACME')).  A NULL tenant is refused here (22004): Citus would
- * hash it to find the shard.
+ * The value of argument "argno" (from 0) of a call, when planning knows
+ * it: a bound parameter, or an expression the planner folds to a constant
+ * (with the parameters of a custom plan), which is the value Citus
+ * delegates the call by, whatever its type (varchar from a driver) or
+ * spelling (lower('ACME')).  False when it is not known.
  */
-static void
-citus_check_call(FuncExpr *fe, ParamListInfo params)
+static bool
+citus_arg_value(FuncExpr *fe, int argno, ParamListInfo params,
+				bool *isnull, Datum *value, Oid *type)
 {
 	Node	   *arg = NULL;
 	ListCell   *lc;
-	bool		isnull;
-	Datum		value;
-	Oid			type;
-	Oid			output;
-	bool		varlena;
 
 	foreach(lc, fe->args)
 	{
@@ -780,16 +777,16 @@ citus_check_call(FuncExpr *fe, ParamListInfo params)
 
 		if (IsA(a, NamedArgExpr))
 		{
-			if (((NamedArgExpr *) a)->argnumber == 0)
+			if (((NamedArgExpr *) a)->argnumber == argno)
 				arg = (Node *) ((NamedArgExpr *) a)->arg;
 		}
-		else if (foreach_current_index(lc) == 0)
+		else if (foreach_current_index(lc) == argno)
 			arg = a;
 	}
 	while (arg != NULL && IsA(arg, RelabelType))
 		arg = (Node *) ((RelabelType *) arg)->arg;
 	if (arg == NULL)
-		return;
+		return false;
 	if (IsA(arg, Param) && ((Param *) arg)->paramkind == PARAM_EXTERN)
 	{
 		int			id = ((Param *) arg)->paramid;
@@ -797,15 +794,15 @@ citus_check_call(FuncExpr *fe, ParamListInfo params)
 		ParamExternData *prm;
 
 		if (params == NULL || id <= 0 || id > params->numParams)
-			return;
+			return false;
 		prm = params->paramFetch != NULL ?
 			params->paramFetch(params, id, false, &storage) :
 			&params->params[id - 1];
 		if (prm == NULL || !OidIsValid(prm->ptype))
-			return;
-		isnull = prm->isnull;
-		value = prm->value;
-		type = prm->ptype;
+			return false;
+		*isnull = prm->isnull;
+		*value = prm->value;
+		*type = prm->ptype;
 	}
 	else
 	{
@@ -813,19 +810,119 @@ citus_check_call(FuncExpr *fe, ParamListInfo params)
 		PlannerInfo root;
 		Node	   *folded;
 
-		/* as the planner folds it, a custom plan's parameters included */
 		citus_fold_root(&root, &glob, params);
 		folded = eval_const_expressions(&root, copyObject(arg));
 		if (!IsA(folded, Const))
-			return;
-		isnull = ((Const *) folded)->constisnull;
-		value = ((Const *) folded)->constvalue;
-		type = ((Const *) folded)->consttype;
+			return false;
+		*isnull = ((Const *) folded)->constisnull;
+		*value = ((Const *) folded)->constvalue;
+		*type = ((Const *) folded)->consttype;
 	}
+	return true;
+}
+
+/*
+ * Check the tenant of a call of ours, when planning knows it.  A NULL
+ * tenant is refused here (22004): Citus would hash it to find the shard.
+ */
+static void
+citus_check_call(FuncExpr *fe, ParamListInfo params)
+{
+	bool		isnull;
+	Datum		value;
+	Oid			type;
+	Oid			output;
+	bool		varlena;
+
+	if (!citus_arg_value(fe, 0, params, &isnull, &value, &type))
+		return;
 	if (isnull)
 		idem_null_argument("tenant");
 	getTypeOutputInfo(type, &output, &varlena);
 	idem_check_tenant(OidOutputFunctionCall(output, value));
+}
+
+/*
+ * A call with arguments of a function of the application's (not ours, not
+ * in pg_catalog, where Citus keeps its own).
+ */
+static bool
+citus_other_distributed(FuncExpr *fe)
+{
+	return fe->args != NIL && !citus_is_delegated(fe->funcid) &&
+		get_func_namespace(fe->funcid) != PG_CATALOG_NAMESPACE;
+}
+
+/*
+ * A plain call of another function Citus distributes by an argument (an
+ * application's handler): a NULL in that argument, which Citus 13.2 hashes
+ * to find the shard (the backend crashes), is refused (22004).  A STRICT
+ * function is left alone: the planner folds such a call to NULL first.
+ */
+static void
+citus_check_distributed_call(FuncExpr *fe, ParamListInfo params)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			argtypes[1] = {OIDOID};
+	Datum		args[1];
+	bool		isnull;
+	Datum		value;
+	Oid			type;
+	int			argno = -1;
+	int			rc;
+
+	if (fe->args == NIL || func_strict(fe->funcid))
+		return;
+	for (int i = 0; i < list_length(fe->args) && argno < 0; i++)
+		if (citus_arg_value(fe, i, params, &isnull, &value, &type) && isnull)
+			argno = i;
+	if (argno < 0 || !OidIsValid(get_namespace_oid("idempotency", true)) ||
+		!idem_citus_distributed())
+		return;
+
+	/* a NULL argument: is it the one Citus distributes the function by? */
+	idem_spi_connect();
+	args[0] = ObjectIdGetDatum(fe->funcid);
+	rc = SPI_execute_plan(idem_saved_plan(&plan,
+										  "SELECT d.distribution_argument_index"
+										  "  FROM pg_catalog.pg_dist_object d"
+										  " WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass"
+										  "   AND d.objid OPERATOR(pg_catalog.=) $1"
+										  "   AND d.objsubid OPERATOR(pg_catalog.=) 0",
+										  1, argtypes, 0),
+						  args, NULL, true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "pg_dist_object lookup failed: %s",
+			 SPI_result_code_string(rc));
+	if (SPI_processed > 0)
+	{
+		bool		null_index;
+		Datum		index = SPI_getbinval(SPI_tuptable->vals[0],
+										  SPI_tuptable->tupdesc, 1,
+										  &null_index);
+
+		if (!null_index && DatumGetInt32(index) >= 0)
+		{
+			argno = -1;
+			for (int i = 0; i < list_length(fe->args); i++)
+				if (i == DatumGetInt32(index) &&
+					citus_arg_value(fe, i, params, &isnull, &value, &type) &&
+					isnull)
+					argno = i;
+		}
+		else
+			argno = -1;
+	}
+	else
+		argno = -1;
+	SPI_finish();
+	if (argno >= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("on Citus, the distribution argument of %s must not be null",
+						get_func_name(fe->funcid)),
+				 errdetail("Citus finds the node to run the call on by that argument."),
+				 errhint("Pass a value, or declare the function STRICT.")));
 }
 
 /*
@@ -860,7 +957,8 @@ citus_check_query(Query *parse, ParamListInfo params)
 										   parse->jointree->fromlist)->rtindex,
 							 parse->rtable);
 
-				if (rte->rtekind == RTE_VALUES ||
+				if ((rte->rtekind == RTE_VALUES &&
+					 list_length(rte->values_lists) == 1) ||
 					(rte->rtekind == RTE_SUBQUERY &&
 					 rte->subquery->rtable == NIL))
 					ereport(ERROR,
@@ -871,6 +969,9 @@ citus_check_query(Query *parse, ParamListInfo params)
 			}
 			citus_check_call((FuncExpr *) te->expr, params);
 		}
+		else if (IsA(te->expr, FuncExpr) && parse->rtable == NIL &&
+				 citus_other_distributed((FuncExpr *) te->expr))
+			citus_check_distributed_call((FuncExpr *) te->expr, params);
 	}
 	foreach(lc, parse->rtable)
 	{
@@ -887,6 +988,9 @@ citus_check_query(Query *parse, ParamListInfo params)
 				citus_is_delegated(((FuncExpr *) expr)->funcid) &&
 				idem_citus_distributed())
 				citus_check_call((FuncExpr *) expr, params);
+			else if (IsA(expr, FuncExpr) && list_length(parse->rtable) == 1 &&
+					 citus_other_distributed((FuncExpr *) expr))
+				citus_check_distributed_call((FuncExpr *) expr, params);
 		}
 	}
 }
@@ -932,35 +1036,62 @@ citus_calls_candidate(Node *node, void *context)
 }
 
 /*
- * query_tree_walker: whether a query reads a table anywhere, but in a WITH
- * query it does not use (the planner drops it).
+ * Whether a query's FROM list reads a table, through its subqueries too.
+ * A table read only in a sub-select of an expression (an initplan, which
+ * Citus delegates a call with) or in a WITH query does not count: neither
+ * keeps the planner from pulling a call up into the one Citus delegates.
  */
 static bool
-citus_reads_table(Node *node, void *context)
+citus_from_reads_table(Query *q)
 {
-	if (node == NULL)
-		return false;
-	/* a view's own entries (OLD and NEW, on 15) read nothing */
-	if (IsA(node, RangeTblEntry))
-		return ((RangeTblEntry *) node)->rtekind == RTE_RELATION &&
-			((RangeTblEntry *) node)->relkind != RELKIND_VIEW;
-	if (IsA(node, Query))
+	ListCell   *lc;
+
+	check_stack_depth();
+	foreach(lc, q->rtable)
 	{
-		ListCell   *lc;
+		RangeTblEntry *rte = (RangeTblEntry *) lfirst(lc);
 
-		foreach(lc, ((Query *) node)->cteList)
-		{
-			CommonTableExpr *cte = (CommonTableExpr *) lfirst(lc);
-
-			if (cte->cterefcount > 0 &&
-				citus_reads_table(cte->ctequery, context))
-				return true;
-		}
-		return query_tree_walker((Query *) node, citus_reads_table, context,
-								 QTW_EXAMINE_RTES_BEFORE |
-								 QTW_IGNORE_CTE_SUBQUERIES);
+		/* a view's own entries (OLD and NEW, on 15) read nothing */
+		if (rte->rtekind == RTE_RELATION && rte->relkind != RELKIND_VIEW)
+			return true;
+		if (rte->rtekind == RTE_SUBQUERY &&
+			citus_from_reads_table(rte->subquery))
+			return true;
 	}
-	return expression_tree_walker(node, citus_reads_table, context);
+	return false;
+}
+
+/*
+ * Whether a query's FROM list keeps an item that planning cannot remove:
+ * a set-returning function that is not inlined (unnest(...)), a VALUES
+ * list of several rows, a table function, in it or in its subqueries.  (A subquery, a WITH query, one
+ * row of VALUES or a function the planner folds to a constant may be
+ * pulled up into nothing, leaving a bare call.)
+ */
+static bool
+citus_from_stays(Query *q)
+{
+	ListCell   *lc;
+
+	check_stack_depth();
+	foreach(lc, q->rtable)
+	{
+		RangeTblEntry *rte = (RangeTblEntry *) lfirst(lc);
+
+		if (rte->rtekind == RTE_VALUES && list_length(rte->values_lists) > 1)
+			return true;
+		if (rte->rtekind == RTE_TABLEFUNC)
+			return true;
+		/* pulled up or not, a subquery keeps what stays in it */
+		if (rte->rtekind == RTE_SUBQUERY && citus_from_stays(rte->subquery))
+			return true;
+		if (rte->rtekind == RTE_FUNCTION &&
+			(list_length(rte->functions) > 1 || rte->funcordinality ||
+			 (IsA(linitial_node(RangeTblFunction, rte->functions)->funcexpr, FuncExpr) &&
+			  ((FuncExpr *) linitial_node(RangeTblFunction, rte->functions)->funcexpr)->funcretset)))
+			return true;
+	}
+	return false;
 }
 
 /*
@@ -1080,7 +1211,7 @@ citus_calls_ours_pullable(Query *q)
 	foreach(lc, q->cteList)
 		if (citus_calls_ours(((CommonTableExpr *) lfirst(lc))->ctequery, NULL))
 			return true;
-	return q->rtable != NIL &&
+	return q->rtable != NIL && !citus_from_stays(q) &&
 		citus_calls_ours_here((Node *) q->targetList, NULL);
 }
 
@@ -1116,11 +1247,12 @@ citus_plain_call(Query *q)
  * copy here would run Citus's relation hooks without its planner above
  * them (the backend crashes), so a statement that calls one of ours, or a
  * SQL function outside pg_catalog (through an operator too), anywhere, is
- * folded (citus_fold), then: if it is a plain call now, or reads a table,
- * its calls are checked (citus_check_query); if it reads no table but
- * calls one of ours in another shape (in a subquery, a view, a WITH
- * query or a SETOF SQL function, or over one), it is refused: the planner may pull it up into a
- * call Citus 13.2 fails to deparse (the backend crashes).
+ * folded (citus_fold), then: if it is a plain call now, or its FROM list
+ * reads a table, its calls are checked (citus_check_query); if its FROM
+ * list reads no table but it calls one of ours in another shape (in a
+ * subquery, a view, a WITH query or a SETOF SQL function, or over one
+ * that planning may remove), it is refused: the planner may pull it up
+ * into a call Citus 13.2 fails to deparse (the backend crashes).
  */
 static void
 citus_check_planned(Query *parse, ParamListInfo params)
@@ -1138,11 +1270,11 @@ citus_check_planned(Query *parse, ParamListInfo params)
 		!idem_citus_distributed())
 		return;
 	folded = citus_fold(parse, params);
-	if (!citus_plain_call(folded) && !citus_reads_table((Node *) folded, NULL) &&
+	if (!citus_plain_call(folded) && !citus_from_reads_table(folded) &&
 		citus_calls_ours_pullable(folded))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("on Citus, a tenant function cannot be called in or over a subquery, view, WITH query or SETOF SQL function of a statement that reads no table"),
+				 errmsg("on Citus, a tenant function cannot be called in or over a subquery, view, WITH query or SETOF SQL function of a statement whose FROM list reads no table"),
 				 errhint("Call it as SELECT f(...) or SELECT * FROM f(...).")));
 	citus_check_query(folded, params);
 }
@@ -1159,11 +1291,77 @@ citus_tenant_planner(Query *parse, const char *query_string,
 	return standard_planner(parse, query_string, cursorOptions, boundParams);
 }
 
-/* _PG_init, when preloaded: install the planner hook. */
+/*
+ * A session whose session user is bound to a tenant and which SET ROLEs to
+ * a role not bound to it runs nothing on a Citus coordinator
+ * (idem_require_role_confined): Citus ships statements to the workers, and
+ * calls of a procedure or function it distributes, as that role alone,
+ * where the binding is not seen.  Checked when a statement starts to run
+ * (a plan cached before the SET ROLE included) and for CALL, which Citus
+ * delegates without the executor.  One comparison for every other
+ * session.
+ */
+static ExecutorStart_hook_type citus_prev_executor_start = NULL;
+static ProcessUtility_hook_type citus_prev_process_utility = NULL;
+
+static bool citus_checking_role = false;
+
+static void
+citus_check_role(void)
+{
+	if (GetOuterUserId() == GetSessionUserId() || !IsTransactionState() ||
+		citus_checking_role)
+		return;
+	/* the metadata it reads (SPI) starts statements of its own */
+	citus_checking_role = true;
+	PG_TRY();
+	{
+		if (OidIsValid(get_namespace_oid("idempotency", true)) &&
+			idem_citus_distributed())
+			idem_require_role_confined();
+	}
+	PG_FINALLY();
+	{
+		citus_checking_role = false;
+	}
+	PG_END_TRY();
+}
+
+static void
+citus_executor_start(QueryDesc *queryDesc, int eflags)
+{
+	citus_check_role();
+	if (citus_prev_executor_start != NULL)
+		citus_prev_executor_start(queryDesc, eflags);
+	else
+		standard_ExecutorStart(queryDesc, eflags);
+}
+
+static void
+citus_process_utility(PlannedStmt *pstmt, const char *queryString,
+					  bool readOnlyTree, ProcessUtilityContext context,
+					  ParamListInfo params, QueryEnvironment *queryEnv,
+					  DestReceiver *dest, QueryCompletion *qc)
+{
+	if (IsA(pstmt->utilityStmt, CallStmt))
+		citus_check_role();
+	if (citus_prev_process_utility != NULL)
+		citus_prev_process_utility(pstmt, queryString, readOnlyTree, context,
+								   params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+}
+
+/* _PG_init, when preloaded: install the hooks. */
 void
 idem_citus_init(void)
 {
 	citus_prev_planner = planner_hook;
 	planner_hook = citus_tenant_planner;
+	citus_prev_executor_start = ExecutorStart_hook;
+	ExecutorStart_hook = citus_executor_start;
+	citus_prev_process_utility = ProcessUtility_hook;
+	ProcessUtility_hook = citus_process_utility;
 }
 

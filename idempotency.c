@@ -152,6 +152,8 @@ static Oid	binding_outer_user = InvalidOid;
 static char *binding_tenant = NULL; /* in TopMemoryContext; NULL: unbound */
 static char *binding_role = NULL;	/* the bound role's name, for messages */
 static bool binding_conflict = false;	/* two bindings to different tenants */
+static bool binding_outer_confined = true;	/* see idem_require_role_confined */
+static char *binding_session_tenant = NULL; /* the session user's, or NULL */
 
 static void
 binding_relcache_callback(Datum arg, Oid relid)
@@ -212,6 +214,7 @@ binding_load(void)
 	char	   *tenant = NULL;
 	char	   *role = NULL;
 	bool		conflict = false;
+	bool		confined = true;
 
 	/* a binding committed by another session since this call began */
 	AcceptInvalidationMessages();
@@ -241,6 +244,7 @@ binding_load(void)
 			pfree(binding_tenant);
 		binding_tenant = NULL;
 		binding_conflict = false;
+		binding_outer_confined = true;
 		return;
 	}
 
@@ -255,12 +259,19 @@ binding_load(void)
 	binding_valid = true;
 
 	tenant = binding_of(session_user, indexid);
+	if (binding_session_tenant)
+		pfree(binding_session_tenant);
+	binding_session_tenant = tenant ?
+		MemoryContextStrdup(TopMemoryContext, tenant) : NULL;
 	if (tenant != NULL)
 		role = GetUserNameFromId(session_user, false);
 	if (outer_user != session_user)
 	{
 		char	   *outer_tenant = binding_of(outer_user, indexid);
 
+		/* the current role alone holds the session to its binding */
+		confined = tenant == NULL ||
+			(outer_tenant != NULL && strcmp(tenant, outer_tenant) == 0);
 		if (outer_tenant != NULL)
 		{
 			if (tenant != NULL && strcmp(tenant, outer_tenant) != 0)
@@ -278,9 +289,38 @@ binding_load(void)
 	binding_tenant = tenant ? MemoryContextStrdup(TopMemoryContext, tenant) : NULL;
 	binding_role = role ? MemoryContextStrdup(TopMemoryContext, role) : NULL;
 	binding_conflict = conflict;
+	binding_outer_confined = confined;
 	binding_session_user = session_user;
 	binding_outer_user = outer_user;
 	binding_loading = false;
+}
+
+/*
+ * idem_require_role_confined
+ *		Refuse (42501) a session whose session user is bound to a tenant and
+ *		whose current role, taken with SET ROLE, is not bound to the same
+ *		tenant.  On one node every function holds such a session to its
+ *		binding; a node that sees only the current role (a Citus worker,
+ *		running what the coordinator ships it as that role) cannot, so on
+ *		Citus the coordinator runs no statement of such a session.
+ */
+void
+idem_require_role_confined(void)
+{
+	binding_load();
+	if (!binding_outer_confined)
+	{
+		char	   *outer = GetUserNameFromId(GetOuterUserId(), false);
+
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("role \"%s\" is bound to tenant \"%s\": on Citus its session cannot run statements as role \"%s\"",
+						GetUserNameFromId(GetSessionUserId(), false),
+						binding_session_tenant, outer),
+				 errdetail("Citus runs statements on the workers as the current role alone, where the session's binding is not seen."),
+				 errhint("RESET ROLE, or SET ROLE to a role bound to tenant \"%s\".",
+						 binding_session_tenant)));
+	}
 }
 
 /*

@@ -82,6 +82,7 @@ extern void idem_check_interval(Interval *iv, const char *name, bool zero_ok,
 
 /* The tenant the calling role is bound to, or NULL. */
 extern const char *idem_bound_tenant(void);
+extern void idem_require_role_confined(void);
 
 /*
  * The tenant a call that names none is confined to (binding, else
@@ -114,8 +115,8 @@ extern int	idem_spi_execute(struct _SPI_plan *plan, Datum *values,
 pg_noreturn extern void idem_null_argument(const char *name);
 #else
 extern void idem_null_argument(const char *name) pg_attribute_noreturn();
-extern void idem_require_writable(const char *what);
 #endif
+extern void idem_require_writable(const char *what);
 extern void idem_require_arg(FunctionCallInfo fcinfo, int argno,
 							 const char *name);
 

@@ -175,7 +175,8 @@ suite_lifecycle() {
           done | as_free \
                -c "PREPARE r(text, text) AS SELECT idem_reserve(\$1, 'bound', \$2, '{}')" -f - 2>&1 |
           grep -c 'is bound to tenant "acme"')
-    [ "$got" = 8 ] || fail "SET ROLE out of a binding, prepared: refused $got times of 8"
+    # (each execution, and each statement between them)
+    [ "$got" = 16 ] || fail "SET ROLE out of a binding, prepared: refused $got times of 16"
     got=$(q "$PC" -c "BEGIN" -c "SET LOCAL idempotency.tenant = 'acme'" \
                -c "SELECT idem_reserve('globex', 'bound', 'st1', '{}')" -c "COMMIT" 2>&1)
     case $got in *"does not match idempotency.tenant"*) ;; *) fail "idempotency.tenant through the coordinator: $got" ;; esac
@@ -195,7 +196,40 @@ suite_lifecycle() {
                -c "PREPARE v(varchar) AS SELECT * FROM idem_reserve(\$1, 'bound', 'sv2', '{}')" \
                -c "EXECUTE v('globex')" 2>&1)
     case $got in *"is bound to tenant \"acme\""*) ;; *) fail "SET ROLE out of a binding, varchar parameter: $got" ;; esac
-    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'globex' AND scope = 'bound' AND idem_key IN ('sr1', 'st1', 'sp1', 'sp8', 'sf1', 'sv1', 'sv2', 'se1')")
+    # Citus ships statements, and calls of functions it distributes, to the
+    # workers as the current role alone: a session that SET ROLEs out of
+    # its binding runs nothing on the coordinator, whatever the statement
+    # (an application's distributed function that reserves, a call of ours
+    # over a distributed table, another expression riding on a call for
+    # the role's own tenant, a plan cached before the SET ROLE, a CALL)
+    q "$PC" -c "CREATE FUNCTION public.citus_place(tenant text, key text) RETURNS text LANGUAGE plpgsql AS \$\$ BEGIN RETURN (SELECT outcome::text FROM idem_reserve(tenant, 'bound', key, '{}')); END \$\$" \
+        -c "SELECT create_distributed_function('citus_place(text, text)', 'tenant', colocate_with => 'idempotency.keys', force_delegation => true)" >/dev/null ||
+        fail "a distributed function of the application"
+    for shape in "SELECT public.citus_place('globex', 'sd1')" \
+                 "SELECT (idem_reserve(tenant_id, 'bound', 'sd2', '{}')).outcome FROM charges WHERE tenant_id = 'globex'" \
+                 "SELECT l.status, query_to_xml('SELECT 1', false, false, '') FROM idem_lookup('acme', 'bound', 'b1') l" \
+                 "SELECT 1"; do
+        got=$(as_free -c "$shape" 2>&1)
+        case $got in *"is bound to tenant \"acme\": on Citus"*) ;; *) fail "a statement under SET ROLE out of a binding, $shape: $got" ;; esac
+    done
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound \
+               -c "PREPARE c AS SELECT * FROM idem_lookup('acme', 'bound', 'b1')" -c "EXECUTE c" \
+               -c "SET ROLE citus_free" -c "EXECUTE c" 2>&1)
+    case $got in *"on Citus its session cannot run"*) ;; *) fail "a plan cached before SET ROLE: $got" ;; esac
+    got=$(as_free -c "CREATE PROCEDURE pg_temp.nothing() LANGUAGE plpgsql AS \$\$ BEGIN END \$\$" \
+                  -c "CALL pg_temp.nothing()" 2>&1)
+    case $got in *"on Citus its session cannot run"*) ;; *) fail "a CALL under SET ROLE out of a binding: $got" ;; esac
+    # ...while SET ROLE to a role bound to the same tenant, and RESET ROLE,
+    # work as before
+    q "$PC" -c "CREATE ROLE citus_same LOGIN" -c "GRANT idempotency_app TO citus_same" \
+        -c "GRANT citus_same TO citus_bound" -c "SELECT idem_bind_tenant('citus_same', 'acme')" >/dev/null ||
+        fail "a second role bound to acme"
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SET ROLE citus_same" \
+               -c "SELECT idem_reserve('acme', 'bound', 'same1', '{}')" 2>&1 | outcome)
+    [ "$got" = created ] || fail "SET ROLE to a role bound to the same tenant: $got"
+    got=$(as_free -c "RESET ROLE" -c "SELECT idem_reserve('acme', 'bound', 'reset1', '{}')" 2>&1 | outcome)
+    [ "$got" = created ] || fail "RESET ROLE after SET ROLE out of the binding: $got"
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.keys WHERE tenant_id = 'globex' AND scope = 'bound' AND idem_key IN ('sr1', 'st1', 'sp1', 'sp8', 'sf1', 'sv1', 'sv2', 'se1', 'sd1', 'sd2')")
     [ "$got" = 0 ] || fail "keys written by the refused calls: $got"
     got=$(q "$PC" -c "SELECT count(*) FROM idempotency.outbox WHERE tenant_id = 'globex' AND topic = 'topic'")
     [ "$got" = 0 ] || fail "outbox rows written by the refused calls: $got"
@@ -214,6 +248,22 @@ suite_lifecycle() {
                -c "PREPARE n(text) AS SELECT * FROM idem_reserve(\$1, 'bound', 'n2', '{}')" \
                -c "EXECUTE n(NULL)" 2>&1)
     case $got in *"tenant must not be null"*) ;; *) fail "a NULL tenant as a parameter: $got" ;; esac
+    # ...and so is a NULL in the distribution argument of an application's
+    # distributed function (a STRICT one is folded to NULL first)
+    for shape in "SELECT charge_handler(NULL, 'k', '{}')" \
+                 "SELECT * FROM charge_handler(NULL::text, 'k', '{}')"; do
+        got=$(psql -X -q -A -t -p "$PC" -U citus_nobody -c "$shape" 2>&1)
+        case $got in *"distribution argument of charge_handler must not be null"*) ;; *) fail "a NULL distribution argument, $shape: $got" ;; esac
+    done
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound \
+               -c "PREPARE h(text) AS SELECT charge_handler(\$1, 'k', '{}')" -c "EXECUTE h(NULL)" 2>&1)
+    case $got in *"must not be null"*) ;; *) fail "a NULL distribution argument as a parameter: $got" ;; esac
+    q "$PC" -c "CREATE FUNCTION public.citus_strict(tenant text) RETURNS text LANGUAGE plpgsql STRICT AS \$\$ BEGIN RETURN tenant; END \$\$" \
+        -c "SELECT create_distributed_function('citus_strict(text)', 'tenant', colocate_with => 'idempotency.keys', force_delegation => true)" >/dev/null ||
+        fail "a STRICT distributed function"
+    got=$(psql -X -q -A -t -p "$PC" -U citus_nobody -c "SELECT public.citus_strict(NULL)" -c "SELECT 'alive'" 2>&1)
+    [ "$got" = "
+alive" ] || fail "a STRICT distributed function with a NULL tenant: $got"
     got=$(psql -X -q -A -t -p "$PC" -U citus_nobody \
                -c "SELECT idem_reserve('globex', 'bound', 'c6', '{}') FROM (SELECT 1) x" 2>&1)
     case $got in *"over a subquery that reads no table"*) ;; *) fail "a call over a subquery of no table: $got" ;; esac
@@ -262,6 +312,34 @@ suite_lifecycle() {
     got=$(psql -X -q -A -t -p "$PC" -U citus_nobody \
                -c "SELECT idem_reserve(s.t, 'bound', 'p5', '{}') FROM (SELECT t FROM (SELECT 'acme'::text t) i) s WHERE true OR EXISTS (SELECT 1 FROM pg_class)" 2>&1)
     case $got in *"subquery"*) ;; *) fail "a pulled-up subquery behind a folded WHERE: $got" ;; esac
+    # ...and when a table is read only in a sub-select of an expression or
+    # in a WITH query: neither keeps the planner from pulling the call up
+    for shape in "WITH a AS (SELECT 1 FROM pg_class), b AS (SELECT * FROM a) SELECT * FROM (SELECT * FROM idem_lookup('acme', 'bound', 'x')) x" \
+                 "SELECT x.status, (SELECT 1 FROM pg_class LIMIT 1) FROM (SELECT * FROM idem_lookup('acme', 'bound', 'x')) x" \
+                 "SELECT r.* FROM (SELECT 'globex'::text t) s, LATERAL idem_reserve(s.t, 'bound', 'p6', '{}') r LIMIT (SELECT 1 FROM pg_class LIMIT 1)" \
+                 "SELECT idem_reserve(s.t, 'bound', 'p7', '{}') FROM (SELECT t FROM (SELECT 'globex'::text t) i) s LIMIT (SELECT 1 FROM pg_class LIMIT 1)" \
+                 "SELECT r.* FROM (SELECT 'acme'::text t) s, LATERAL idem_reserve(s.t, 'bound', 'p8', '{}') r ORDER BY (SELECT 1 FROM pg_class LIMIT 1)"; do
+        got=$(psql -X -q -A -t -p "$PC" -U citus_nobody -c "$shape" 2>&1)
+        case $got in *"subquery"*) ;; *) fail "a pulled-up call, a table in a sub-select or WITH query only, $shape: $got" ;; esac
+    done
+    # a batch of acknowledgements over unnest(...) or a VALUES list of
+    # several rows is not delegated (the FROM item stays), and runs
+    local acks
+    for _ in 1 2 3 4; do
+        q "$PC" -c "SELECT outbox_enqueue('acme', 'batch.ack', '{}')" >/dev/null || fail "an enqueue for the acks"
+    done
+    # (claimed on the tenant's worker, which holds its rows)
+    acks=$(q "$port" -c "SELECT id || ' ' || lease_token FROM outbox_claim('w', 4, '5 minutes', ARRAY['batch.ack']) ORDER BY id")
+    got=$(echo "$acks" | awk 'NR <= 2 { i = i s $1; t = t s $2; s = "," }
+              END { printf "SELECT outbox_ack(%cacme%c, a.id, a.tok) FROM unnest(%c{%s}%c::bigint[], %c{%s}%c::uuid[]) a(id, tok)", 39, 39, 39, i, 39, 39, t, 39 }' |
+          psql -X -q -A -t -p "$PC" -f - 2>&1)
+    case $got in *ERROR*) fail "a batch of acks over unnest: $got" ;; esac
+    got=$(echo "$acks" | awk 'NR > 2 { v = v s sprintf("(%s, %c%s%c::uuid)", $1, 39, $2, 39); s = ", " }
+              END { printf "SELECT outbox_ack(%cacme%c, a.id, a.tok) FROM (VALUES %s) a(id, tok)", 39, 39, v }' |
+          psql -X -q -A -t -p "$PC" -f - 2>&1)
+    case $got in *ERROR*) fail "a batch of acks over a VALUES list: $got" ;; esac
+    got=$(q "$PC" -c "SELECT count(*) FROM idempotency.outbox WHERE tenant_id = 'acme' AND topic = 'batch.ack' AND status = 'done'")
+    [ "$got" = 4 ] || fail "rows acknowledged over unnest and VALUES: $got of 4"
     # ordinary statements of one's own SQL functions over tables are left
     # alone (no planning of a copy: Citus's hooks need their own planner)
     got=$(q "$PC" -c "CREATE FUNCTION public.citus_rels(n name) RETURNS SETOF pg_class LANGUAGE sql STABLE AS \$\$ SELECT * FROM pg_class WHERE relname = n \$\$" \
