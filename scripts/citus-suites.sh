@@ -219,6 +219,12 @@ suite_lifecycle() {
     got=$(as_free -c "CREATE PROCEDURE pg_temp.nothing() LANGUAGE plpgsql AS \$\$ BEGIN END \$\$" \
                   -c "CALL pg_temp.nothing()" 2>&1)
     case $got in *"on Citus its session cannot run"*) ;; *) fail "a CALL under SET ROLE out of a binding: $got" ;; esac
+    # a call in a query over a distributed table is pushed into the shard
+    # query, where Citus refuses nested distributed execution by default
+    got=$(q "$PC" -c "INSERT INTO charges (tenant_id, idem_key, amount) VALUES ('acme', 'push1', 1)" \
+               -c "SELECT (idem_reserve(tenant_id, 'bound', idem_key, '{}')).outcome FROM charges WHERE tenant_id = 'acme' AND idem_key = 'push1'" 2>&1)
+    case $got in *"cannot execute a distributed query from a query on a shard"*) ;; *) fail "a call in a query over a distributed table: $got" ;; esac
+    q "$PC" -c "DELETE FROM charges WHERE idem_key = 'push1'" >/dev/null
     # ...while SET ROLE to a role bound to the same tenant, and RESET ROLE,
     # work as before
     q "$PC" -c "CREATE ROLE citus_same LOGIN" -c "GRANT idempotency_app TO citus_same" \
