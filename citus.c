@@ -42,6 +42,7 @@
 
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_authid.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
@@ -849,7 +850,7 @@ citus_check_call(FuncExpr *fe, ParamListInfo params)
 static bool
 citus_other_distributed(FuncExpr *fe)
 {
-	return fe->args != NIL && !citus_is_delegated(fe->funcid) &&
+	return !citus_is_delegated(fe->funcid) &&
 		get_func_namespace(fe->funcid) != PG_CATALOG_NAMESPACE;
 }
 
@@ -871,8 +872,18 @@ citus_check_distributed_call(FuncExpr *fe, ParamListInfo params)
 	int			argno = -1;
 	int			rc;
 
-	if (fe->args == NIL || func_strict(fe->funcid))
+	HeapTuple	proc;
+
+	if (func_strict(fe->funcid))
 		return;
+	/* the arguments as the planner passes them: defaults filled in */
+	proc = SearchSysCache1(PROCOID, ObjectIdGetDatum(fe->funcid));
+	if (!HeapTupleIsValid(proc))
+		return;
+	fe = copyObject(fe);
+	fe->args = expand_function_arguments(fe->args, false,
+										 fe->funcresulttype, proc);
+	ReleaseSysCache(proc);
 	for (int i = 0; i < list_length(fe->args) && argno < 0; i++)
 		if (citus_arg_value(fe, i, params, &isnull, &value, &type) && isnull)
 			argno = i;
@@ -884,7 +895,7 @@ citus_check_distributed_call(FuncExpr *fe, ParamListInfo params)
 	idem_spi_connect();
 	args[0] = ObjectIdGetDatum(fe->funcid);
 	rc = SPI_execute_plan(idem_saved_plan(&plan,
-										  "SELECT d.distribution_argument_index"
+										  "SELECT d.distribution_argument_index, d.force_delegation"
 										  "  FROM pg_catalog.pg_dist_object d"
 										  " WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass"
 										  "   AND d.objid OPERATOR(pg_catalog.=) $1"
@@ -901,7 +912,14 @@ citus_check_distributed_call(FuncExpr *fe, ParamListInfo params)
 										  SPI_tuptable->tupdesc, 1,
 										  &null_index);
 
-		if (!null_index && DatumGetInt32(index) >= 0)
+		bool		null_force;
+		Datum		force = SPI_getbinval(SPI_tuptable->vals[0],
+										  SPI_tuptable->tupdesc, 2,
+										  &null_force);
+
+		/* without force_delegation, Citus delegates no call in a block */
+		if (!null_index && DatumGetInt32(index) >= 0 &&
+			((!null_force && DatumGetBool(force)) || !IsTransactionBlock()))
 		{
 			argno = -1;
 			for (int i = 0; i < list_length(fe->args); i++)
@@ -1292,25 +1310,53 @@ citus_tenant_planner(Query *parse, const char *query_string,
 }
 
 /*
- * A session whose session user is bound to a tenant and which SET ROLEs to
- * a role not bound to it runs nothing on a Citus coordinator
+ * A session whose session user is bound to a tenant runs nothing on a
+ * Citus coordinator as a role not bound to that tenant
  * (idem_require_role_confined): Citus ships statements to the workers, and
- * calls of a procedure or function it distributes, as that role alone,
- * where the binding is not seen.  Checked when a statement starts to run
- * (a plan cached before the SET ROLE included) and for CALL, which Citus
- * delegates without the executor.  One comparison for every other
- * session.
+ * calls of a procedure or function it distributes, as the current role
+ * alone, where the binding is not seen.  That role is the one taken with
+ * SET ROLE, or the owner of a SECURITY DEFINER function running (one that
+ * may log in, as Citus connects as it; a superuser's functions, the
+ * extension's own among them, are trusted).  Checked when a statement
+ * starts to run (a plan cached before the SET ROLE included), each time a
+ * portal runs (FETCH from a cursor declared before it), and for CALL and
+ * COPY, which Citus ships without the executor.  One comparison for every
+ * other session.
  */
 static ExecutorStart_hook_type citus_prev_executor_start = NULL;
+static ExecutorRun_hook_type citus_prev_executor_run = NULL;
 static ProcessUtility_hook_type citus_prev_process_utility = NULL;
-
 static bool citus_checking_role = false;
+
+/* Whether "role" may log in (Citus connects to the workers as it). */
+static bool
+citus_role_can_login(Oid role)
+{
+	HeapTuple	tup = SearchSysCache1(AUTHOID, ObjectIdGetDatum(role));
+	bool		login = false;
+
+	if (HeapTupleIsValid(tup))
+	{
+		login = ((Form_pg_authid) GETSTRUCT(tup))->rolcanlogin;
+		ReleaseSysCache(tup);
+	}
+	return login;
+}
 
 static void
 citus_check_role(void)
 {
-	if (GetOuterUserId() == GetSessionUserId() || !IsTransactionState() ||
-		citus_checking_role)
+	Oid			session = GetSessionUserId();
+	Oid			outer = GetOuterUserId();
+	Oid			current = GetUserId();
+	bool		check_current;
+
+	if ((outer == session && current == session) || citus_checking_role ||
+		!IsTransactionState())
+		return;
+	check_current = current != session && current != outer &&
+		!superuser_arg(current);
+	if (outer == session && !check_current)
 		return;
 	/* the metadata it reads (SPI) starts statements of its own */
 	citus_checking_role = true;
@@ -1318,7 +1364,12 @@ citus_check_role(void)
 	{
 		if (OidIsValid(get_namespace_oid("idempotency", true)) &&
 			idem_citus_distributed())
-			idem_require_role_confined();
+		{
+			if (outer != session)
+				idem_require_role_confined(outer);
+			if (check_current && citus_role_can_login(current))
+				idem_require_role_confined(current);
+		}
 	}
 	PG_FINALLY();
 	{
@@ -1337,13 +1388,37 @@ citus_executor_start(QueryDesc *queryDesc, int eflags)
 		standard_ExecutorStart(queryDesc, eflags);
 }
 
+#if PG_VERSION_NUM >= 180000
+static void
+citus_executor_run(QueryDesc *queryDesc, ScanDirection direction,
+				   uint64 count)
+{
+	citus_check_role();
+	if (citus_prev_executor_run != NULL)
+		citus_prev_executor_run(queryDesc, direction, count);
+	else
+		standard_ExecutorRun(queryDesc, direction, count);
+}
+#else
+static void
+citus_executor_run(QueryDesc *queryDesc, ScanDirection direction,
+				   uint64 count, bool execute_once)
+{
+	citus_check_role();
+	if (citus_prev_executor_run != NULL)
+		citus_prev_executor_run(queryDesc, direction, count, execute_once);
+	else
+		standard_ExecutorRun(queryDesc, direction, count, execute_once);
+}
+#endif
+
 static void
 citus_process_utility(PlannedStmt *pstmt, const char *queryString,
 					  bool readOnlyTree, ProcessUtilityContext context,
 					  ParamListInfo params, QueryEnvironment *queryEnv,
 					  DestReceiver *dest, QueryCompletion *qc)
 {
-	if (IsA(pstmt->utilityStmt, CallStmt))
+	if (IsA(pstmt->utilityStmt, CallStmt) || IsA(pstmt->utilityStmt, CopyStmt))
 		citus_check_role();
 	if (citus_prev_process_utility != NULL)
 		citus_prev_process_utility(pstmt, queryString, readOnlyTree, context,
@@ -1361,6 +1436,8 @@ idem_citus_init(void)
 	planner_hook = citus_tenant_planner;
 	citus_prev_executor_start = ExecutorStart_hook;
 	ExecutorStart_hook = citus_executor_start;
+	citus_prev_executor_run = ExecutorRun_hook;
+	ExecutorRun_hook = citus_executor_run;
 	citus_prev_process_utility = ProcessUtility_hook;
 	ProcessUtility_hook = citus_process_utility;
 }

@@ -160,21 +160,6 @@ REVOKE USAGE ON SCHEMA idempotency FROM PUBLIC;
 GRANT USAGE ON SCHEMA idempotency
     TO idempotency_app, idempotency_worker, idempotency_admin, pg_monitor;
 
-/*
- * The functions' schema (public, or the one CREATE EXTENSION ... SCHEMA
- * named): usage for the roles too when PUBLIC lacks it, so that granting
- * one role stays the whole set-up of a login role.  (Nothing is granted
- * on a schema PUBLIC may use already: DROP EXTENSION leaves no grant
- * behind there.)
- */
-DO $usage$
-BEGIN
-    IF NOT pg_catalog.has_schema_privilege('public', '@extschema@'::pg_catalog.regnamespace, 'USAGE') THEN
-        GRANT USAGE ON SCHEMA @extschema@
-            TO idempotency_app, idempotency_worker, idempotency_admin, pg_monitor;
-    END IF;
-END
-$usage$;
 
 /* functions in the extension's schema: app, worker and admin, no PUBLIC */
 REVOKE ALL ON FUNCTION @extschema@.idem_reserve(text, text, text, jsonb, interval, interval, bytea),

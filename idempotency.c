@@ -297,30 +297,43 @@ binding_load(void)
 
 /*
  * idem_require_role_confined
- *		Refuse (42501) a session whose session user is bound to a tenant and
- *		whose current role, taken with SET ROLE, is not bound to the same
- *		tenant.  On one node every function holds such a session to its
- *		binding; a node that sees only the current role (a Citus worker,
- *		running what the coordinator ships it as that role) cannot, so on
- *		Citus the coordinator runs no statement of such a session.
+ *		Refuse (42501) when the session user is bound to a tenant and
+ *		"role" (the current role taken with SET ROLE, or the owner of a
+ *		SECURITY DEFINER function running) is not bound to the same tenant.
+ *		On one node every function holds such a session to its binding; a
+ *		node that sees only the current role (a Citus worker, running what
+ *		the coordinator ships it as that role) cannot, so on Citus the
+ *		coordinator runs no statement of such a session as that role.
  */
 void
-idem_require_role_confined(void)
+idem_require_role_confined(Oid role)
 {
-	binding_load();
-	if (!binding_outer_confined)
-	{
-		char	   *outer = GetUserNameFromId(GetOuterUserId(), false);
+	bool		confined;
 
+	binding_load();
+	if (binding_session_tenant == NULL || role == GetSessionUserId())
+		return;
+	if (role == GetOuterUserId())
+		confined = binding_outer_confined;
+	else
+	{
+		char	   *tenant = binding_of(role,
+										get_relname_relid("tenant_bindings_pkey",
+														  get_namespace_oid("idempotency", false)));
+
+		confined = tenant != NULL &&
+			strcmp(tenant, binding_session_tenant) == 0;
+	}
+	if (!confined)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("role \"%s\" is bound to tenant \"%s\": on Citus its session cannot run statements as role \"%s\"",
 						GetUserNameFromId(GetSessionUserId(), false),
-						binding_session_tenant, outer),
+						binding_session_tenant,
+						GetUserNameFromId(role, false)),
 				 errdetail("Citus runs statements on the workers as the current role alone, where the session's binding is not seen."),
-				 errhint("RESET ROLE, or SET ROLE to a role bound to tenant \"%s\".",
+				 errhint("RESET ROLE, or act as a role bound to tenant \"%s\" (SET ROLE, or the owner of a SECURITY DEFINER function).",
 						 binding_session_tenant)));
-	}
 }
 
 /*

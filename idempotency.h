@@ -82,7 +82,7 @@ extern void idem_check_interval(Interval *iv, const char *name, bool zero_ok,
 
 /* The tenant the calling role is bound to, or NULL. */
 extern const char *idem_bound_tenant(void);
-extern void idem_require_role_confined(void);
+extern void idem_require_role_confined(Oid role);
 
 /*
  * The tenant a call that names none is confined to (binding, else

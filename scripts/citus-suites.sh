@@ -219,6 +219,26 @@ suite_lifecycle() {
     got=$(as_free -c "CREATE PROCEDURE pg_temp.nothing() LANGUAGE plpgsql AS \$\$ BEGIN END \$\$" \
                   -c "CALL pg_temp.nothing()" 2>&1)
     case $got in *"on Citus its session cannot run"*) ;; *) fail "a CALL under SET ROLE out of a binding: $got" ;; esac
+    # ...nor from a cursor declared before the SET ROLE, nor COPY, nor as
+    # the owner of a SECURITY DEFINER function who may log in and is not
+    # bound to the tenant (one who may not log in runs: Citus cannot
+    # connect as it)
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "BEGIN" \
+               -c "DECLARE cur CURSOR FOR SELECT * FROM idem_lookup('acme', 'bound', 'b1')" \
+               -c "SET LOCAL ROLE citus_free" -c "FETCH ALL FROM cur" -c "COMMIT" 2>&1)
+    case $got in *"cannot run statements as role \"citus_free\""*) ;; *) fail "a cursor fetched under SET ROLE out of a binding: $got" ;; esac
+    got=$(as_free -c "COPY charges TO STDOUT" 2>&1)
+    case $got in *"cannot run statements as role \"citus_free\""*) ;; *) fail "COPY under SET ROLE out of a binding: $got" ;; esac
+    q "$PC" -c "CREATE ROLE citus_owner NOLOGIN" \
+        -c "CREATE FUNCTION public.citus_definer() RETURNS bigint LANGUAGE sql SECURITY DEFINER AS \$\$ SELECT count(*) FROM pg_class WHERE false \$\$" \
+        -c "CREATE FUNCTION public.citus_definer_nologin() RETURNS bigint LANGUAGE sql SECURITY DEFINER AS \$\$ SELECT count(*) FROM pg_class WHERE false \$\$" \
+        -c "ALTER FUNCTION public.citus_definer() OWNER TO citus_free" \
+        -c "ALTER FUNCTION public.citus_definer_nologin() OWNER TO citus_owner" >/dev/null ||
+        fail "SECURITY DEFINER functions"
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SELECT public.citus_definer()" 2>&1)
+    case $got in *"cannot run statements as role \"citus_free\""*) ;; *) fail "a SECURITY DEFINER function of an unbound login role: $got" ;; esac
+    got=$(psql -X -q -A -t -p "$PC" -U citus_bound -c "SELECT public.citus_definer_nologin()" 2>&1)
+    [ "$got" = 0 ] || fail "a SECURITY DEFINER function of a role that cannot log in: $got"
     # a call in a query over a distributed table is pushed into the shard
     # query, where Citus refuses nested distributed execution by default
     got=$(q "$PC" -c "INSERT INTO charges (tenant_id, idem_key, amount) VALUES ('acme', 'push1', 1)" \
@@ -264,6 +284,15 @@ suite_lifecycle() {
     got=$(psql -X -q -A -t -p "$PC" -U citus_bound \
                -c "PREPARE h(text) AS SELECT charge_handler(\$1, 'k', '{}')" -c "EXECUTE h(NULL)" 2>&1)
     case $got in *"must not be null"*) ;; *) fail "a NULL distribution argument as a parameter: $got" ;; esac
+    # (a default NULL too; a call Citus does not delegate, one without
+    # force_delegation in a transaction block, is left to the function)
+    q "$PC" -c "CREATE FUNCTION public.citus_def(k text, tenant text DEFAULT NULL) RETURNS text LANGUAGE plpgsql AS \$\$ BEGIN RETURN coalesce(tenant, 'none'); END \$\$" \
+        -c "SELECT create_distributed_function('citus_def(text, text)', 'tenant', colocate_with => 'idempotency.keys', force_delegation => true)" >/dev/null ||
+        fail "a distributed function with a default tenant"
+    got=$(psql -X -q -A -t -p "$PC" -U citus_nobody -c "SELECT public.citus_def('k')" 2>&1)
+    case $got in *"distribution argument of citus_def must not be null"*) ;; *) fail "a default NULL distribution argument: $got" ;; esac
+    got=$(psql -X -q -A -t -p "$PC" -c "BEGIN" -c "SELECT charge_handler(NULL, 'k', '{}')" -c "ROLLBACK" 2>&1)
+    case $got in *"distribution argument"*|*"terminated"*|*"closed the connection"*) fail "a NULL argument in a transaction block, not delegated: $got" ;; esac
     q "$PC" -c "CREATE FUNCTION public.citus_strict(tenant text) RETURNS text LANGUAGE plpgsql STRICT AS \$\$ BEGIN RETURN tenant; END \$\$" \
         -c "SELECT create_distributed_function('citus_strict(text)', 'tenant', colocate_with => 'idempotency.keys', force_delegation => true)" >/dev/null ||
         fail "a STRICT distributed function"

@@ -42,8 +42,10 @@ is($node->safe_psql('r2',
 		"SELECT count(*) FROM pg_roles WHERE rolname LIKE 'idempotency\\_%'"),
 	'3', 'one of each role');
 
-# installed in a schema of the DBA's choice (and updated there from 1.0):
-# granting one role is still the whole set-up of a login role
+# installed in a schema of the DBA's choice (and updated there from 1.0),
+# with README's grant of the schema to the roles: then granting one role is
+# the whole set-up of a login role; the extension itself grants nothing on
+# the schema (pg_dump would then leave out the DBA's own grants on it)
 for my $version ('1.1', '1.0')
 {
 	my $db = 'api' . ($version =~ s/\.//r);
@@ -52,6 +54,12 @@ for my $version ('1.1', '1.0')
 		"CREATE SCHEMA api; CREATE EXTENSION idempotency SCHEMA api VERSION '$version'");
 	$node->safe_psql($db, 'ALTER EXTENSION idempotency UPDATE')
 	  if $version eq '1.0';
+	is($node->safe_psql($db,
+			"SELECT count(*) FROM pg_init_privs WHERE classoid = 'pg_namespace'::regclass"
+			  . " AND objoid = 'api'::regnamespace"),
+		'0', "SCHEMA api ($version): no initial privileges recorded on the schema");
+	$node->safe_psql($db,
+		'GRANT USAGE ON SCHEMA api TO idempotency_app, idempotency_worker, idempotency_admin, pg_monitor');
 	$node->safe_psql($db, q{
 		DO $$ BEGIN
 			IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'api_app') THEN
