@@ -1081,9 +1081,10 @@ citus_from_reads_table(Query *q)
 
 /*
  * Whether a query's FROM list keeps an item that planning cannot remove:
- * a set-returning function that is not inlined (unnest(...)), a VALUES
- * list of several rows, a table function, in it or in its subqueries.  (A subquery, a WITH query, one
- * row of VALUES or a function the planner folds to a constant may be
+ * a function not folded to a constant (unnest(...), now(); the fold has
+ * inlined SETOF SQL functions into subqueries), a VALUES list of several
+ * rows, a table function, in it or in its subqueries.  (A subquery, a
+ * WITH query, one row of VALUES or a function folded to a constant may be
  * pulled up into nothing, leaving a bare call.)
  */
 static bool
@@ -1103,11 +1104,15 @@ citus_from_stays(Query *q)
 		/* pulled up or not, a subquery keeps what stays in it */
 		if (rte->rtekind == RTE_SUBQUERY && citus_from_stays(rte->subquery))
 			return true;
-		if (rte->rtekind == RTE_FUNCTION &&
-			(list_length(rte->functions) > 1 || rte->funcordinality ||
-			 (IsA(linitial_node(RangeTblFunction, rte->functions)->funcexpr, FuncExpr) &&
-			  ((FuncExpr *) linitial_node(RangeTblFunction, rte->functions)->funcexpr)->funcretset)))
-			return true;
+		if (rte->rtekind == RTE_FUNCTION)
+		{
+			Node	   *expr = linitial_node(RangeTblFunction, rte->functions)->funcexpr;
+
+			/* (one over a LATERAL column may fold once that is pulled up) */
+			if (list_length(rte->functions) > 1 || rte->funcordinality ||
+				(!IsA(expr, Const) && !contain_var_clause(expr)))
+				return true;
+		}
 	}
 	return false;
 }
@@ -1220,9 +1225,10 @@ citus_calls_ours_pullable(Query *q)
 	{
 		RangeTblEntry *rte = (RangeTblEntry *) lfirst(lc);
 
+		/* a call in FROM beside items that may vanish (LATERAL) */
 		if ((rte->rtekind == RTE_SUBQUERY &&
 			 citus_calls_ours((Node *) rte->subquery, NULL)) ||
-			(rte->rtekind == RTE_FUNCTION &&
+			(rte->rtekind == RTE_FUNCTION && list_length(q->rtable) > 1 &&
 			 citus_calls_ours_here((Node *) rte->functions, NULL)))
 			return true;
 	}

@@ -353,7 +353,8 @@ alive" ] || fail "a STRICT distributed function with a NULL tenant: $got"
                  "SELECT x.status, (SELECT 1 FROM pg_class LIMIT 1) FROM (SELECT * FROM idem_lookup('acme', 'bound', 'x')) x" \
                  "SELECT r.* FROM (SELECT 'globex'::text t) s, LATERAL idem_reserve(s.t, 'bound', 'p6', '{}') r LIMIT (SELECT 1 FROM pg_class LIMIT 1)" \
                  "SELECT idem_reserve(s.t, 'bound', 'p7', '{}') FROM (SELECT t FROM (SELECT 'globex'::text t) i) s LIMIT (SELECT 1 FROM pg_class LIMIT 1)" \
-                 "SELECT r.* FROM (SELECT 'acme'::text t) s, LATERAL idem_reserve(s.t, 'bound', 'p8', '{}') r ORDER BY (SELECT 1 FROM pg_class LIMIT 1)"; do
+                 "SELECT r.* FROM (SELECT 'acme'::text t) s, LATERAL idem_reserve(s.t, 'bound', 'p8', '{}') r ORDER BY (SELECT 1 FROM pg_class LIMIT 1)" \
+                 "SELECT idem_reserve(l, 'bound', 'p9', '{}') FROM (SELECT 'ACME'::text t) s, LATERAL lower(s.t) l"; do
         got=$(psql -X -q -A -t -p "$PC" -U citus_nobody -c "$shape" 2>&1)
         case $got in *"subquery"*) ;; *) fail "a pulled-up call, a table in a sub-select or WITH query only, $shape: $got" ;; esac
     done
@@ -373,6 +374,13 @@ alive" ] || fail "a STRICT distributed function with a NULL tenant: $got"
               END { printf "SELECT outbox_ack(%cacme%c, a.id, a.tok) FROM (VALUES %s) a(id, tok)", 39, 39, v }' |
           psql -X -q -A -t -p "$PC" -f - 2>&1)
     case $got in *ERROR*) fail "a batch of acks over a VALUES list: $got" ;; esac
+    # ...and a call over a function that stays (now()), or in FROM with a
+    # WHERE, is not delegated either: it runs (here: no such row)
+    for shape in "SELECT outbox_ack('acme', 0, '00000000-0000-4000-8000-000000000000') FROM now() t" \
+                 "SELECT * FROM outbox_ack('acme', 0, '00000000-0000-4000-8000-000000000000') WHERE EXISTS (SELECT 1 FROM pg_class)"; do
+        got=$(psql -X -q -A -t -p "$PC" -c "$shape" 2>&1)
+        case $got in *subquery*|*terminated*|*closed*) fail "a call that Citus does not delegate, $shape: $got" ;; esac
+    done
     got=$(q "$PC" -c "SELECT count(*) FROM idempotency.outbox WHERE tenant_id = 'acme' AND topic = 'batch.ack' AND status = 'done'")
     [ "$got" = 4 ] || fail "rows acknowledged over unnest and VALUES: $got of 4"
     # ordinary statements of one's own SQL functions over tables are left
