@@ -1325,9 +1325,10 @@ citus_tenant_planner(Query *parse, const char *query_string,
  * may log in, as Citus connects as it; a superuser's functions, the
  * extension's own among them, are trusted).  Checked when a statement
  * starts to run (a plan cached before the SET ROLE included), each time a
- * portal runs (FETCH from a cursor declared before it), and for CALL and
- * COPY, which Citus ships without the executor.  One comparison for every
- * other session.
+ * portal runs (FETCH from a cursor declared before it), and for every
+ * utility statement but settings, transaction control and those that run
+ * through the executor (DDL, COPY and CALL, which Citus ships without it).
+ * One comparison for every other session.
  */
 static ExecutorStart_hook_type citus_prev_executor_start = NULL;
 static ExecutorRun_hook_type citus_prev_executor_run = NULL;
@@ -1424,8 +1425,26 @@ citus_process_utility(PlannedStmt *pstmt, const char *queryString,
 					  ParamListInfo params, QueryEnvironment *queryEnv,
 					  DestReceiver *dest, QueryCompletion *qc)
 {
-	if (IsA(pstmt->utilityStmt, CallStmt) || IsA(pstmt->utilityStmt, CopyStmt))
-		citus_check_role();
+	switch (nodeTag(pstmt->utilityStmt))
+	{
+			/* settings (RESET ROLE), transactions, and what runs through the executor */
+		case T_VariableSetStmt:
+		case T_VariableShowStmt:
+		case T_TransactionStmt:
+		case T_DiscardStmt:
+		case T_DeallocateStmt:
+		case T_ClosePortalStmt:
+		case T_PrepareStmt:
+		case T_ExecuteStmt:
+		case T_DeclareCursorStmt:
+		case T_FetchStmt:
+		case T_ExplainStmt:
+			break;
+		default:
+			/* DDL, COPY, CALL and the rest, which Citus ships as they are */
+			citus_check_role();
+			break;
+	}
 	if (citus_prev_process_utility != NULL)
 		citus_prev_process_utility(pstmt, queryString, readOnlyTree, context,
 								   params, queryEnv, dest, qc);

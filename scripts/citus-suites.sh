@@ -96,6 +96,14 @@ $$;
 SELECT create_distributed_function('charge_handler(text, text, jsonb)', 'tenant',
                                    colocate_with => 'idempotency.keys');
 SQL
+    # Citus records the keys' colocation group under the default collation:
+    # another table distributed by a text column of the default collation
+    # with the default colocation is refused; with its own group it works
+    q "$PC" -c "CREATE TABLE other_default (tenant_id text NOT NULL)" >/dev/null
+    got=$(q "$PC" -c "SELECT create_distributed_table('other_default', 'tenant_id')" 2>&1)
+    case $got in *"cannot colocate tables"*) ;; *) fail "a table of the default collation, default colocation: $got" ;; esac
+    q "$PC" -c "SELECT create_distributed_table('other_default', 'tenant_id', colocate_with => 'none')" >/dev/null ||
+        fail "a table of the default collation in a colocation group of its own"
 }
 
 suite_lifecycle() {
@@ -227,8 +235,12 @@ suite_lifecycle() {
                -c "DECLARE cur CURSOR FOR SELECT * FROM idem_lookup('acme', 'bound', 'b1')" \
                -c "SET LOCAL ROLE citus_free" -c "FETCH ALL FROM cur" -c "COMMIT" 2>&1)
     case $got in *"cannot run statements as role \"citus_free\""*) ;; *) fail "a cursor fetched under SET ROLE out of a binding: $got" ;; esac
-    got=$(as_free -c "COPY charges TO STDOUT" 2>&1)
-    case $got in *"cannot run statements as role \"citus_free\""*) ;; *) fail "COPY under SET ROLE out of a binding: $got" ;; esac
+    for shape in "COPY charges TO STDOUT" \
+                 "ALTER TABLE charges ADD CONSTRAINT c_role CHECK (length(tenant_id) > 0)" \
+                 "CREATE TEMP TABLE t_role (x int)"; do
+        got=$(as_free -c "$shape" 2>&1)
+        case $got in *"cannot run statements as role \"citus_free\""*) ;; *) fail "$shape under SET ROLE out of a binding: $got" ;; esac
+    done
     q "$PC" -c "CREATE ROLE citus_owner NOLOGIN" \
         -c "CREATE FUNCTION public.citus_definer() RETURNS bigint LANGUAGE sql SECURITY DEFINER AS \$\$ SELECT count(*) FROM pg_class WHERE false \$\$" \
         -c "CREATE FUNCTION public.citus_definer_nologin() RETURNS bigint LANGUAGE sql SECURITY DEFINER AS \$\$ SELECT count(*) FROM pg_class WHERE false \$\$" \
