@@ -866,13 +866,14 @@ citus_check_distributed_call(FuncExpr *fe, ParamListInfo params)
 	static SPIPlanPtr plan = NULL;
 	Oid			argtypes[1] = {OIDOID};
 	Datum		args[1];
+	Bitmapset  *nulls = NULL;
 	bool		isnull;
 	Datum		value;
 	Oid			type;
-	int			argno = -1;
-	int			rc;
-
 	HeapTuple	proc;
+	int			index = -1;
+	bool		force = false;
+	int			rc;
 
 	if (func_strict(fe->funcid))
 		return;
@@ -884,10 +885,14 @@ citus_check_distributed_call(FuncExpr *fe, ParamListInfo params)
 	fe->args = expand_function_arguments(fe->args, false,
 										 fe->funcresulttype, proc);
 	ReleaseSysCache(proc);
-	for (int i = 0; i < list_length(fe->args) && argno < 0; i++)
+	for (int i = 0; i < list_length(fe->args); i++)
 		if (citus_arg_value(fe, i, params, &isnull, &value, &type) && isnull)
-			argno = i;
-	if (argno < 0 || !OidIsValid(get_namespace_oid("idempotency", true)) ||
+			nulls = bms_add_member(nulls, i);
+	/*
+	 * Only then is Citus asked: its own calls while it distributes the
+	 * extension's tables must not load its metadata half-made.
+	 */
+	if (nulls == NULL || !OidIsValid(get_namespace_oid("idempotency", true)) ||
 		!idem_citus_distributed())
 		return;
 
@@ -907,34 +912,20 @@ citus_check_distributed_call(FuncExpr *fe, ParamListInfo params)
 			 SPI_result_code_string(rc));
 	if (SPI_processed > 0)
 	{
-		bool		null_index;
-		Datum		index = SPI_getbinval(SPI_tuptable->vals[0],
-										  SPI_tuptable->tupdesc, 1,
-										  &null_index);
+		Datum		d;
 
-		bool		null_force;
-		Datum		force = SPI_getbinval(SPI_tuptable->vals[0],
-										  SPI_tuptable->tupdesc, 2,
-										  &null_force);
-
-		/* without force_delegation, Citus delegates no call in a block */
-		if (!null_index && DatumGetInt32(index) >= 0 &&
-			((!null_force && DatumGetBool(force)) || !IsTransactionBlock()))
-		{
-			argno = -1;
-			for (int i = 0; i < list_length(fe->args); i++)
-				if (i == DatumGetInt32(index) &&
-					citus_arg_value(fe, i, params, &isnull, &value, &type) &&
-					isnull)
-					argno = i;
-		}
-		else
-			argno = -1;
+		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+						  &isnull);
+		if (!isnull)
+			index = DatumGetInt32(d);
+		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
+						  &isnull);
+		force = !isnull && DatumGetBool(d);
 	}
-	else
-		argno = -1;
 	SPI_finish();
-	if (argno >= 0)
+	/* without force_delegation, Citus delegates no call in a block */
+	if (index >= 0 && bms_is_member(index, nulls) &&
+		(force || !IsTransactionBlock()))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("on Citus, the distribution argument of %s must not be null",

@@ -766,6 +766,14 @@ idem_spi_connect(void)
 		elog(ERROR, "SPI_connect failed: %s", SPI_result_code_string(rc));
 }
 
+/* The detail and hint of a write refused in a read-only transaction. */
+#define IDEM_READ_ONLY_DETAIL_STANDBY \
+	"This server is a standby: this call writes the extension's tables."
+#define IDEM_READ_ONLY_DETAIL \
+	"This transaction is read-only: this call writes the extension's tables."
+#define IDEM_READ_ONLY_HINT \
+	"Send the call to the primary, in a read-write transaction; a standby answers replays of finished keys and lookups."
+
 /*
  * Re-raise the error being handled, adding a detail and a hint to two
  * errors PostgreSQL raises with a message alone inside the extension's
@@ -775,13 +783,6 @@ idem_spi_connect(void)
  * transaction (a standby, or default_transaction_read_only).  "cxt" is the
  * memory context of the caller's PG_TRY.
  */
-#define IDEM_READ_ONLY_DETAIL_STANDBY \
-	"This server is a standby: this call writes the extension's tables."
-#define IDEM_READ_ONLY_DETAIL \
-	"This transaction is read-only: this call writes the extension's tables."
-#define IDEM_READ_ONLY_HINT \
-	"Send the call to the primary, in a read-write transaction; a standby answers replays of finished keys and lookups."
-
 static void
 idem_rethrow_with_hint(MemoryContext cxt)
 {
@@ -801,7 +802,7 @@ idem_rethrow_with_hint(MemoryContext cxt)
 	{
 		if (edata->detail == NULL)
 			edata->detail = pstrdup("Another transaction changed this row of the extension's tables after this transaction's snapshot was taken.");
-		edata->hint = pstrdup("Retry the whole transaction; under READ COMMITTED this does not happen.");
+		edata->hint = pstrdup(IDEM_SERIALIZATION_HINT);
 	}
 	else
 	{

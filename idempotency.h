@@ -117,6 +117,10 @@ pg_noreturn extern void idem_null_argument(const char *name);
 extern void idem_null_argument(const char *name) pg_attribute_noreturn();
 #endif
 extern void idem_require_writable(const char *what);
+
+/* The hint of a serialization failure of the extension's functions. */
+#define IDEM_SERIALIZATION_HINT \
+	"Retry the whole transaction; under READ COMMITTED this does not happen."
 extern void idem_require_arg(FunctionCallInfo fcinfo, int argno,
 							 const char *name);
 

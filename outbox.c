@@ -962,7 +962,7 @@ outbox_explain_miss(const char *tenant, int64 id, const char *action,
 					 errmsg("could not serialize access to outbox row " INT64_FORMAT,
 							id),
 					 errdetail("The row was leased with this token by a transaction that committed after this transaction's snapshot was taken."),
-					 errhint("Retry the whole transaction; under READ COMMITTED this does not happen.")));
+					 errhint(IDEM_SERIALIZATION_HINT)));
 	}
 
 	plan = outbox_plan(&status_plan, outbox_status_sql, 2, argtypes);
@@ -2425,7 +2425,7 @@ outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
 						 errmsg("could not serialize access to outbox row " INT64_FORMAT,
 								id),
 						 errdetail("The row was changed by a transaction that committed after this transaction's snapshot was taken."),
-						 errhint("Retry the whole transaction; under READ COMMITTED this does not happen.")));
+						 errhint(IDEM_SERIALIZATION_HINT)));
 			/* READ COMMITTED: the fence again, on what the other left */
 			continue;
 		}
