@@ -1444,10 +1444,20 @@ citus_process_utility(PlannedStmt *pstmt, const char *queryString,
 								params, queryEnv, dest, qc);
 }
 
-/* _PG_init, when preloaded: install the hooks. */
+/*
+ * _PG_init, when preloaded: install the hooks, on a server that preloads
+ * Citus.  Citus refuses to load anywhere but first in
+ * shared_preload_libraries (it insists that no hook was set before it), so
+ * its parameters are defined by now if it is loaded at all, and it cannot
+ * be loaded later; a server without it runs no hook of this file (the
+ * checks would only find nothing distributed, at the cost of looking up
+ * every function call a statement plans).
+ */
 void
 idem_citus_init(void)
 {
+	if (GetConfigOption("citus.next_shard_id", true, false) == NULL)
+		return;
 	citus_prev_planner = planner_hook;
 	planner_hook = citus_tenant_planner;
 	citus_prev_executor_start = ExecutorStart_hook;

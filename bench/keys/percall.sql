@@ -1,6 +1,7 @@
 -- Server-side cost per call, without the client round trip: replays (50000
 -- calls in one statement), new keys, and new keys reserved and completed
--- (2000 in one statement), as microseconds per call.
+-- (2000 in one statement), and replays planned on every call (20000
+-- statements), as microseconds per call.
 CREATE TEMP TABLE percall (variant text, usecs float8);
 DO $$
 DECLARE
@@ -81,6 +82,25 @@ BEGIN
         END LOOP;
         CONTINUE WHEN round = 0;
         INSERT INTO percall VALUES ('newcomplete_ext', us_nc), ('newcomplete_plpgsql', us_nc_naive);
+    END LOOP;
+    -- replays parsed and planned on every call, as for a client that does
+    -- not prepare its statements (PgBouncer in transaction mode, a driver's
+    -- unnamed statements): EXECUTE ... USING plans each run afresh; the
+    -- baseline is the primary-key SELECT of the same row, planned alike
+    FOR round IN 0..3 LOOP
+        t0 := clock_timestamp();
+        FOR g IN 1 .. 20000 LOOP
+            EXECUTE 'SELECT outcome, response_code, response_body FROM idem_reserve($1, $2, $3, $4)'
+               USING 'bench', 'orders', 'r-' || (g % 10000 + 1), body;
+        END LOOP;
+        INSERT INTO percall VALUES ('replay_planned_ext', extract(epoch FROM clock_timestamp() - t0) * 1e6 / 20000);
+        t0 := clock_timestamp();
+        FOR g IN 1 .. 20000 LOOP
+            EXECUTE 'SELECT status, response_code, response_body, response_headers FROM idempotency.keys'
+                    ' WHERE tenant_id = $1 AND scope = $2 AND idem_key = $3'
+               USING 'bench', 'orders', 'r-' || (g % 10000 + 1);
+        END LOOP;
+        INSERT INTO percall VALUES ('replay_planned_pk', extract(epoch FROM clock_timestamp() - t0) * 1e6 / 20000);
     END LOOP;
 END
 $$;

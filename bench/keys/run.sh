@@ -110,13 +110,15 @@ compare "replay vs bare SQL:" replay_ext replay_sql
 compare "replay vs one SELECT of the row by primary key:" replay_ext replay_pk ">= 0.95"
 # report_percall LABEL OUTPUT: the figures of one percall.sql run
 report_percall() {
-    local out=$2 pc_ext pc_plpgsql pc_nc pc_nc_plpgsql pc_new pc_rated
+    local out=$2 pc_ext pc_plpgsql pc_nc pc_nc_plpgsql pc_new pc_rated pl_ext pl_pk
     pc_ext=$(echo "$out" | awk '$1 == "replay_ext" {print $2}')
     pc_plpgsql=$(echo "$out" | awk '$1 == "replay_plpgsql" {print $2}')
     pc_nc=$(echo "$out" | awk '$1 == "newcomplete_ext" {print $2}')
     pc_nc_plpgsql=$(echo "$out" | awk '$1 == "newcomplete_plpgsql" {print $2}')
     pc_new=$(echo "$out" | awk '$1 == "new_ext" {print $2}')
     pc_rated=$(echo "$out" | awk '$1 == "new_rated" {print $2}')
+    pl_ext=$(echo "$out" | awk '$1 == "replay_planned_ext" {print $2}')
+    pl_pk=$(echo "$out" | awk '$1 == "replay_planned_pk" {print $2}')
     echo
     echo "server-side costs, $1:"
     echo "replay, cost per call (50000 calls in one statement, best of 4):"
@@ -125,6 +127,8 @@ report_percall() {
     echo "  idem_reserve + idem_complete ${pc_nc} us, naive PL/pgSQL ${pc_nc_plpgsql} us: $(ratio "$pc_nc_plpgsql" "$pc_nc")x (target >= 2.0)"
     echo "new key, cost per call (2000 calls in one statement, best of 4):"
     echo "  without limits ${pc_new} us, with a rate and a quota of new keys ${pc_rated} us: $(ratio "$pc_new" "$pc_rated")x (target >= 0.95)"
+    echo "replay parsed and planned on every call (a client that does not prepare; 20000 EXECUTEs, best of 4):"
+    echo "  idem_reserve ${pl_ext} us, one SELECT of the row by primary key ${pl_pk} us: $(ratio "$pl_pk" "$pl_ext")x"
 }
 report_percall "tables as set up (10000 keys, vacuumed)" "$percall_fresh"
 report_percall "after the throughput runs ($(psql -X -q -At -d bench_keys -c 'SELECT count(*) FROM idempotency.keys') keys)" "$percall"
