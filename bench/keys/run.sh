@@ -16,15 +16,18 @@
 #
 # Baselines: "plpgsql" (a naive PL/pgSQL implementation, setup.sql), "sql"
 # (the same statements sent as bare SQL) and, for new requests, "none" (the
-# business transaction without idempotency).  Each variant runs twice,
-# interleaved; ratios are taken within a round and averaged.  New requests are measured with
+# business transaction without idempotency).  Each variant runs once per
+# round, ROUNDS rounds (default 4) in alternating order; a ratio is taken
+# within each round, and the median of the rounds' ratios is reported with
+# each round's.  New requests are measured with
 # durable commits (the WAL flush of each commit dominates them) and again
 # with synchronous_commit = off ("_async"), which shows the CPU cost of
-# each implementation.  DURATION and CLIENTS override the defaults (10 s,
+# each implementation.  DURATION and CLIENTS override the defaults (5 s,
 # 4 clients on 2 threads).
 set -euo pipefail
 cd "$(dirname "$0")"
-DURATION=${DURATION:-10}
+DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-4}
 CLIENTS=${CLIENTS:-4}
 
 psql -X -q -v ON_ERROR_STOP=1 -d postgres -f setup.sql >/dev/null
@@ -47,11 +50,11 @@ declare -A tps_of
 variants="new_ext new_exec new_handler new_plpgsql new_sql new_none new_floor replay_ext replay_plpgsql replay_sql replay_pk
           new_ext_async new_rated_async new_exec_async new_handler_async new_plpgsql_async new_sql_async new_none_async"
 reversed=$(echo $variants | tr ' ' '\n' | tac | tr '\n' ' ')
-for round in 1 2; do
-    # the second round runs in reverse order, so that no variant always
-    # runs first (A B ... B A)
+for round in $(seq 1 "$ROUNDS"); do
+    # every second round runs in reverse order, so that no variant always
+    # runs first (A B ... B A A B ...)
     order=$variants
-    [ "$round" = 2 ] && order=$reversed
+    [ $((round % 2)) = 0 ] && order=$reversed
     for v in $order; do
         tps_of[$v.$round]=$(tps "$v")
         echo "round $round  $v: ${tps_of[$v.$round]} tps"
@@ -64,22 +67,28 @@ percall=$(psql -X -q -At -F ' ' -d bench_keys -f percall.sql)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 # The machine is shared: a ratio is taken within a round (the two runs are
-# next to each other in time), and the two rounds' ratios are averaged.
+# close in time), and the median of the rounds' ratios is reported (one
+# disturbed round moves a median less than a mean), with each round's.
+median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 compare() {
     local label=$1 a=$2 b=$3 target=${4:-}
-    local r1 r2
-    r1=$(ratio "${tps_of[$a.1]}" "${tps_of[$b.1]}")
-    r2=$(ratio "${tps_of[$a.2]}" "${tps_of[$b.2]}")
-    printf '%-58s %sx (rounds: %s, %s)%s\n' "$label" \
-        "$(awk -v x="$r1" -v y="$r2" 'BEGIN { printf "%.2f", (x + y) / 2 }')" \
-        "$r1" "$r2" "${target:+ target $target}"
+    local rs=() r
+    for r in $(seq 1 "$ROUNDS"); do
+        rs+=("$(ratio "${tps_of[$a.$r]}" "${tps_of[$b.$r]}")")
+    done
+    printf '%-58s %sx (rounds: %s)%s\n' "$label" "$(echo "${rs[*]}" | median)" \
+        "$(echo "${rs[*]}" | sed 's/ /, /g')" "${target:+ target $target}"
 }
 
 echo
-echo "keys: $CLIENTS clients, ${DURATION}s per run, two interleaved rounds, -M prepared"
-printf '%-22s %10s %10s\n' "workload" "round 1" "round 2"
+echo "keys: $CLIENTS clients, ${DURATION}s per run, $ROUNDS interleaved rounds, -M prepared"
+printf '%-22s' "workload"
+for r in $(seq 1 "$ROUNDS"); do printf ' %9s' "round $r"; done
+echo
 for v in $variants; do
-    printf '%-22s %10s %10s\n' "$v" "${tps_of[$v.1]}" "${tps_of[$v.2]}"
+    printf '%-22s' "$v"
+    for r in $(seq 1 "$ROUNDS"); do printf ' %9s' "${tps_of[$v.$r]}"; done
+    echo
 done
 echo
 compare "new request vs naive PL/pgSQL (durable commits):" new_ext new_plpgsql ">= 1.4"
