@@ -453,7 +453,9 @@ SELECT k.processing,
        op.outbox_pending,
        oa.outbox_oldest_pending_age,
        ol.outbox_leased,
-       od.outbox_dead
+       od.outbox_dead,
+       h.reservations_held,
+       h.oldest_held_age
   FROM (SELECT pg_catalog.count(*) FILTER (
                    WHERE k.status OPERATOR(pg_catalog.=) 'processing')
                    AS processing,
@@ -493,7 +495,31 @@ SELECT k.processing,
          WHERE o.status OPERATOR(pg_catalog.=) 'leased') ol,
        (SELECT pg_catalog.count(*) AS outbox_dead
           FROM idempotency.outbox o
-         WHERE o.status OPERATOR(pg_catalog.=) 'dead') od;
+         WHERE o.status OPERATOR(pg_catalog.=) 'dead') od,
+       -- keys held by open and prepared transactions (a reservation in
+       -- atomic use is written when it is completed or committed): the
+       -- advisory locks whose fourth field is keys.c's IDEM_LOCKTAG_CLASS
+       -- (0x4944), aged from the start of the transaction holding each
+       -- (another role's shows to members of pg_read_all_stats) or from
+       -- its PREPARE TRANSACTION (found through its xid's lock)
+       (SELECT pg_catalog.count(*) AS reservations_held,
+               pg_catalog.now() OPERATOR(pg_catalog.-)
+                   pg_catalog.min(COALESCE(a.xact_start, p.prepared)) AS oldest_held_age
+          FROM pg_catalog.pg_locks l
+          LEFT JOIN pg_catalog.pg_stat_activity a
+                 ON a.pid OPERATOR(pg_catalog.=) l.pid
+          LEFT JOIN pg_catalog.pg_locks x
+                 ON l.pid IS NULL
+                AND x.locktype OPERATOR(pg_catalog.=) 'transactionid'
+                AND x.virtualtransaction OPERATOR(pg_catalog.=) l.virtualtransaction
+          LEFT JOIN pg_catalog.pg_prepared_xacts p
+                 ON p.transaction OPERATOR(pg_catalog.=) x.transactionid
+         WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+           AND l.objsubid OPERATOR(pg_catalog.=) 18756
+           AND l.granted
+           AND l.database OPERATOR(pg_catalog.=)
+               (SELECT d.oid FROM pg_catalog.pg_database d
+                 WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())) h;
 COMMENT ON VIEW idempotency.health IS
     'stuck reservations, reconciliation backlog, reap backlog and outbox depth';
 REVOKE ALL ON idempotency.health FROM PUBLIC;

@@ -68,6 +68,20 @@ SELECT processing,
        outbox_leased,
        outbox_dead
   FROM idempotency.health;
+-- a reservation in atomic use writes its row when it is completed or its
+-- transaction commits: until then health shows it by its key lock, aged
+-- from the start of the transaction holding it (now() here)
+SELECT reservations_held, oldest_held_age IS NULL AS none_held FROM idempotency.health;
+BEGIN;
+SELECT outcome FROM idem_reserve('stats-h', 'orders', 'held-1', '{"n": 1}');
+SELECT outcome FROM idem_reserve('stats-h', 'orders', 'held-2', '{"n": 2}');
+SELECT processing, reservations_held, oldest_held_age = interval '0' AS held_since_xact_start
+  FROM idempotency.health;
+SELECT idem_complete('stats-h', 'orders', 'held-2', 201, '{}');
+-- a completed key's lock is held to the end of its transaction too
+SELECT reservations_held FROM idempotency.health;
+ROLLBACK;
+SELECT reservations_held FROM idempotency.health;
 -- a row whose lease ran out two hours ago (its worker died) is due again:
 -- its wait counts from the end of the lease
 INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,

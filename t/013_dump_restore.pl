@@ -25,6 +25,11 @@ COMMIT;
 });
 my $token = $node->safe_psql('shop',
 	q{SELECT lock_token FROM idem_reserve('acme', 'pay', 'k2', '{"amount": 20}')});
+# what a DBA adds to the extension's tables is not dumped (README)
+$node->safe_psql('shop', q{
+CREATE INDEX my_keys_created_idx ON idempotency.keys (created_at);
+ALTER TABLE idempotency.outbox SET (fillfactor = 50);
+});
 
 my $dump = $node->basedir . '/shop.dump';
 $node->command_ok([ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr('shop') ],
@@ -63,6 +68,13 @@ SELECT count(*) FROM (SELECT outbox_ack(c.tenant_id, c.id, c.lease_token)
 is($node->safe_psql('restored',
 		q{SELECT outbox_enqueue('acme', 'x', '{}') > max(id) FROM idempotency.outbox WHERE topic <> 'x'}),
 	't', 'outbox ids continue after the restored ones');
+is($node->safe_psql('restored', q{
+SELECT (SELECT count(*) FROM pg_catalog.pg_indexes
+         WHERE schemaname = 'idempotency' AND indexname = 'my_keys_created_idx')
+       || ' ' || (SELECT reloptions::text FROM pg_catalog.pg_class
+                   WHERE oid = 'idempotency.outbox'::regclass)}),
+	'0 {fillfactor=80,autovacuum_vacuum_scale_factor=0.02,autovacuum_analyze_scale_factor=0.05}',
+	"an index of the DBA's on an extension table, and changed storage settings, are not in the dump");
 
 $node->stop;
 done_testing();

@@ -158,7 +158,29 @@ $warm->quit;
 my $old = $node->background_psql('old', on_error_stop => 0);
 $old->set_query_timer_restart();
 round($old, 'version 1.0');
+# a statement the session prepared over a result row the update changes
+# (a worker's claim, as a driver that prepares on its own keeps it)
+($out, $err) = run_in($old,
+	q{PREPARE old_claim AS SELECT * FROM outbox_claim('w', 1, '30 seconds'); EXECUTE old_claim});
+is($err, '', 'a claim prepared under 1.0 runs');
+# a view of the DBA's over a view the update drops stops the update,
+# which changes nothing; dropped first, the update runs
+$node->safe_psql('old', 'CREATE VIEW my_health AS SELECT * FROM idempotency.health');
+my ($rc, $uout, $uerr) = $node->psql('old', 'ALTER EXTENSION idempotency UPDATE');
+like($uerr, qr/cannot drop view idempotency.health because other objects depend on it/,
+	'a view of the DBA over idempotency.health stops the update');
+is($node->safe_psql('old',
+		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
+	'1.0', 'and the update changed nothing');
+$node->safe_psql('old', 'DROP VIEW my_health');
+# one over a key column whose collation the update changes stops it too
+$node->safe_psql('old', 'CREATE VIEW my_keys AS SELECT tenant_id, idem_key FROM idempotency.keys');
+($rc, $uout, $uerr) = $node->psql('old', 'ALTER EXTENSION idempotency UPDATE');
+like($uerr, qr/cannot alter type of a column used by a view or rule/,
+	'a view of the DBA over the key columns stops the update (0A000)');
+$node->safe_psql('old', 'DROP VIEW my_keys');
 $node->safe_psql('old', 'ALTER EXTENSION idempotency UPDATE');
+$node->safe_psql('old', 'CREATE VIEW my_health AS SELECT * FROM idempotency.health');
 isnt($node->safe_psql('old',
 		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
 	'1.0', 'updated');
@@ -171,6 +193,14 @@ round($old, 'after ALTER EXTENSION UPDATE, fingerprint',
 	q{SELECT count(*) FROM idem_lookup('warm', 'orders', 'k-1') WHERE lock_token IS NULL});
 like($err, qr/column "lock_token" does not exist/,
 	'after the update idem_lookup no longer returns lock_token');
+# the claim prepared before the update fails until it is prepared again
+($out, $err) = run_in($old, q{EXECUTE old_claim});
+like($err, qr/cached plan must not change result type/,
+	'a statement prepared before the update over a changed result row fails (0A000)');
+($out, $err) = run_in($old, q{EXECUTE old_claim});
+like($err, qr/cached plan must not change result type/, 'and keeps failing');
+($out, $err) = run_in($old, q{DISCARD ALL; PREPARE old_claim AS SELECT * FROM outbox_claim('w', 1, '30 seconds'); EXECUTE old_claim});
+is($err, '', 'after DISCARD ALL it is prepared again and runs');
 $old->quit;
 
 # A session opened under 1.0, by a role an administrator binds to a tenant

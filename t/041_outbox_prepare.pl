@@ -80,7 +80,18 @@ like($tok, qr/^[0-9a-f-]{36}$/, 'a transaction that reserved keys can be prepare
 is($node->safe_psql('postgres',
 		"SELECT outcome FROM idem_reserve('t2pc', 'orders', 'k-unfinished', '{\"n\": 1}'::jsonb)"),
 	'in_progress', 'the prepared transaction holds the key');
+# its rows are not committed: health shows the two keys by their locks,
+# aged from the moment the transaction was prepared
+is($node->safe_psql('postgres',
+		"SELECT processing || ' ' || reservations_held || ' '"
+		  . " || (oldest_held_age BETWEEN interval '0' AND interval '5 minutes')"
+		  . " FROM idempotency.health"),
+	'0 2 true', 'health counts the keys a prepared transaction holds');
 $node->safe_psql('postgres', "COMMIT PREPARED 'keys_2pc'");
+is($node->safe_psql('postgres',
+		"SELECT processing || ' ' || reservations_held || ' ' || (oldest_held_age IS NULL)"
+		  . " FROM idempotency.health"),
+	'1 0 true', 'once committed, the unfinished reservation is a processing row');
 is($node->safe_psql('postgres',
 		"SELECT idem_key || ' ' || status || ' ' || (lock_token = '$tok') FROM idempotency.keys"
 		  . " WHERE tenant_id = 't2pc' ORDER BY idem_key"),

@@ -246,7 +246,9 @@ my %gauges = (
 	expired_keys => 0,
 	outbox_pending => 1,
 	outbox_leased => 1,
-	outbox_dead => 1);
+	outbox_dead => 1,
+	reservations_held => 0,
+	oldest_held_age_seconds => 0);
 for my $g (sort keys %gauges)
 {
 	series_is($series, "idempotency_health_$g", \%db, $gauges{$g}, 'health');
