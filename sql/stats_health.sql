@@ -82,6 +82,13 @@ SELECT idem_complete('stats-h', 'orders', 'held-2', 201, '{}');
 SELECT reservations_held FROM idempotency.health;
 ROLLBACK;
 SELECT reservations_held FROM idempotency.health;
+-- a holder that does not report its activity is counted without an age
+SET track_activities = off;
+BEGIN;
+SELECT outcome FROM idem_reserve('stats-h', 'orders', 'held-3', '{"n": 3}');
+SELECT reservations_held, oldest_held_age IS NULL AS no_age FROM idempotency.health;
+ROLLBACK;
+RESET track_activities;
 -- a row whose lease ran out two hours ago (its worker died) is due again:
 -- its wait counts from the end of the lease
 INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,

@@ -42,6 +42,17 @@ SELECT outcome FROM idem_reserve('acme', 'orders', 'done-1', '{"amount": 9}')}),
 is($standby->safe_psql('postgres',
 		q{SELECT processing FROM idempotency.health}),
 	'1', 'the health view answers');
+# a key held by an open transaction on the primary is a lock there, which
+# recovery does not replay: only the primary's health shows it (README)
+my $holder = $primary->background_psql('postgres', on_error_stop => 0);
+$holder->query_safe(q{BEGIN; SELECT idem_reserve('acme', 'orders', 'held-1', '{"amount": 4}')});
+is($primary->safe_psql('postgres', q{SELECT reservations_held FROM idempotency.health}),
+	'1', 'the primary counts the key an open transaction holds');
+is($standby->safe_psql('postgres',
+		q{SELECT reservations_held || ' ' || (oldest_held_age IS NULL) FROM idempotency.health}),
+	'0 true', 'the standby does not see it');
+$holder->query_safe('ROLLBACK');
+$holder->quit;
 
 # writes: 25006, with the hint
 my %writes = (
