@@ -161,6 +161,7 @@ DECLARE
     reap_done  pg_catalog.bool := false;
     purge_done pg_catalog.bool := false;
     started   pg_catalog.timestamptz;
+    stmt_timeout pg_catalog.interval;
 BEGIN
     IF time_budget IS NULL THEN
         RAISE EXCEPTION 'time_budget must not be null'
@@ -194,6 +195,16 @@ BEGIN
                   HINT = 'Pass how long to rest between batches, such as ''20 milliseconds'', or ''0''.';
     END IF;
     deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) time_budget;
+    -- statement_timeout counts from the CALL's start across its COMMITs
+    -- (the scheduled job inherits the database's and role's setting): stop
+    -- starting batches at four fifths of it, so that the run ends rather
+    -- than being canceled (57014) by a timeout shorter than the budget
+    stmt_timeout := pg_catalog.current_setting('statement_timeout')::pg_catalog.interval;
+    IF stmt_timeout OPERATOR(pg_catalog.>) '0'::pg_catalog.interval THEN
+        deadline := LEAST(deadline, pg_catalog.statement_timestamp()
+                          OPERATOR(pg_catalog.+)
+                          (stmt_timeout OPERATOR(pg_catalog.*) 0.8::pg_catalog.float8));
+    END IF;
     -- COMMIT works only in a procedure CALLed as a statement of its own:
     -- inside a transaction block or a function, fail (2D000) here, before
     -- the sweep writes, rather than at the first COMMIT after it
