@@ -1869,6 +1869,7 @@ reserve_quota_admit(KeyIdent *id, const ScopePolicy *policy, TimestampTz now,
 	TimestampTz earliest_expiry;
 	int64		live;
 	uint64		mark;
+	bool		admitted;
 
 	switch (idem_quota_admit(id->tenant, id->scope, policy->max_live_keys,
 							 retry_after))
@@ -1880,9 +1881,25 @@ reserve_quota_admit(KeyIdent *id, const ScopePolicy *policy, TimestampTz now,
 		case IDEM_QUOTA_RECOUNT:
 			break;
 	}
+
+	/*
+	 * A big tenant's count can take longer than a request's
+	 * statement_timeout.  Canceled, it would never land: the next new key
+	 * would count again under the same timeout, and the tenant would get no
+	 * new key at all.  So a query cancel (statement_timeout, a client's
+	 * cancel, pg_cancel_backend) waits until the count is recorded and then
+	 * ends this request (57014); the tenant's next new keys are admitted
+	 * from the count.  pg_terminate_backend is not held back, and an error
+	 * ends the hold (errfinish resets it).
+	 */
+	HOLD_CANCEL_INTERRUPTS();
 	live = keys_count_live(id, now, &earliest_expiry, &mark);
-	return idem_quota_recounted(id->tenant, id->scope, policy->max_live_keys,
-								live, earliest_expiry, mark, retry_after);
+	admitted = idem_quota_recounted(id->tenant, id->scope,
+									policy->max_live_keys, live,
+									earliest_expiry, mark, retry_after);
+	RESUME_CANCEL_INTERRUPTS();
+	CHECK_FOR_INTERRUPTS();
+	return admitted;
 }
 
 /*

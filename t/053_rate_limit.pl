@@ -187,6 +187,45 @@ is(join(',', @outcomes), join(',', ("created\ndone") x $racers),
 	'every new key of the cold pair was created');
 is(int((keys_fetched() - $before) / $big), 1,
 	"$racers new keys of a cold pair counted the tenant's keys once");
+
+# a count that takes longer than the request's statement_timeout still
+# lands: the request that runs it is canceled once it is recorded (57014),
+# and the tenant's next new keys are admitted from it within the timeout
+# (were the count canceled, every new key would count again and be
+# canceled in turn)
+my $huge = 400000;
+$node->safe_psql('postgres', qq{
+	INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint,
+	       status, response_code, completed_at, expires_at)
+	SELECT 'huge', 'POST /v1/payouts', 'old-' || g, sha256(g::text::bytea),
+	       'succeeded', 201, now(), now() + interval '1 day'
+	  FROM generate_series(1, $huge) g;
+	ANALYZE idempotency.keys});
+$node->restart;
+my @timed;
+for my $i (1 .. 2)
+{
+	my $session = $node->background_psql('postgres', on_error_stop => 0);
+	# plans prepared and the scope read beforehand, in a pair of its own
+	$session->query_safe(
+		"SELECT outcome FROM idem_reserve('warm-$i', 'POST /v1/payouts', 'w', '{}')");
+	$session->query_safe(q{SET statement_timeout = '20ms'});
+	push @timed, $session;
+}
+my ($tout, $terr) = run_in($timed[0], q{\set VERBOSITY verbose
+SELECT outcome FROM idem_reserve('huge', 'POST /v1/payouts', 'new-1', '{}')});
+like($terr, qr/57014: canceling statement due to statement timeout/,
+	"the count of the tenant's keys outlasts the timeout of the request that runs it");
+my @later;
+for my $i (2 .. 4)
+{
+	($tout, $terr) = run_in($timed[1],
+		"SELECT outcome FROM idem_reserve('huge', 'POST /v1/payouts', 'new-$i', '{}')");
+	push @later, $tout . $terr;
+}
+is(join(',', @later), 'created,created,created',
+	"but it is recorded: the tenant's next new keys are admitted under the same timeout");
+$_->quit for @timed;
 $node->stop;
 
 # without shared memory the limit cannot be kept: refused, not ignored
