@@ -42,6 +42,7 @@ extern int	idem_default_ttl;		/* seconds */
 extern int	idem_default_lock_timeout;	/* seconds */
 extern int	idem_max_request_size;	/* bytes */
 extern int	idem_max_response_size; /* bytes */
+extern int	idem_max_keys_per_transaction;
 extern int	idem_max_payload_size;	/* bytes */
 extern int	idem_outbox_max_attempts;
 extern int	idem_outbox_retention;	/* seconds */
@@ -160,6 +161,10 @@ extern Oid	idem_enum_label_oid(Oid typid, const char *label);
  * "scopes" (any scope when nscopes is 0).
  */
 extern bool idem_holds_reservation(char **scopes, int nscopes);
+/* a key's or ordering key's lock this transaction just took / gave back */
+struct LOCKTAG;
+extern void idem_lock_taken(const struct LOCKTAG *tag);
+extern void idem_lock_given_back(void);
 
 /* ----------------------------------------------------------------
  * ratelimit.c: rates and quotas of new keys per tenant, in shared memory

@@ -53,6 +53,7 @@
 #include "access/stratnum.h"
 #include "access/table.h"
 #include "access/tableam.h"
+#include "access/twophase.h"
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "access/xlog.h"
@@ -417,6 +418,16 @@ idem_keys_init(void)
 							PGC_USERSET,
 							GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_keys_per_transaction",
+							gettext_noop("Most idempotency keys and ordering keys one transaction may hold at once."),
+							gettext_noop("-1 means a quarter of the server's lock table, 0 no limit.  Each holds a slot of the shared lock table, which every session needs, until the transaction ends."),
+							&idem_max_keys_per_transaction,
+							-1, -1, INT_MAX,
+							/* a bound one tenant's batch must not lift */
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
 }
 
 
@@ -737,6 +748,162 @@ keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
 }
 
 /* ----------------------------------------------------------------
+ * Locks held per transaction
+ *
+ * Each key a transaction holds, and each ordering key it enqueued under,
+ * is a lock in the server's shared lock table until the transaction ends.
+ * That table has max_locks_per_transaction * (max_connections + ...)
+ * slots, which every session shares: a batch holding thousands of keys
+ * would leave the other sessions, whatever their tenant, and new
+ * connections "out of shared memory".  idempotency.max_keys_per_transaction
+ * bounds what one transaction holds (53400), by default to a quarter of
+ * the table.
+ *
+ * The count follows subtransactions: an abort releases the locks taken in
+ * it and in its children.  lock_counts holds, per subtransaction that took
+ * locks and is still open, how many, in ascending subid order; a commit
+ * hands a subtransaction's to its parent, an abort drops them.
+ * ----------------------------------------------------------------
+ */
+int			idem_max_keys_per_transaction = -1;
+
+typedef struct LockCount
+{
+	SubTransactionId subid;
+	int			count;
+} LockCount;
+
+static LockCount *lock_counts = NULL;	/* in TopMemoryContext */
+static int	lock_counts_len = 0;
+static int	lock_counts_size = 0;
+static int	locks_held = 0;
+static bool lock_callbacks_registered = false;
+
+static void
+lock_count_xact_callback(XactEvent event, void *arg)
+{
+	(void) arg;
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			lock_counts_len = 0;
+			locks_held = 0;
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+lock_count_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+							SubTransactionId parentSubid, void *arg)
+{
+	int			moved = 0;
+
+	(void) arg;
+	if (event != SUBXACT_EVENT_COMMIT_SUB && event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+	/* the entries of mySubid and of its children, all at the top */
+	while (lock_counts_len > 0 &&
+		   lock_counts[lock_counts_len - 1].subid >= mySubid)
+		moved += lock_counts[--lock_counts_len].count;
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		locks_held -= moved;
+	else if (moved > 0)
+	{
+		/* the parent holds them now */
+		if (lock_counts_len > 0 &&
+			lock_counts[lock_counts_len - 1].subid == parentSubid)
+			lock_counts[lock_counts_len - 1].count += moved;
+		else
+		{
+			lock_counts[lock_counts_len].subid = parentSubid;
+			lock_counts[lock_counts_len++].count = moved;
+		}
+	}
+}
+
+/* The most locks one transaction may hold; 0: no limit. */
+static int
+keys_lock_limit(void)
+{
+	if (idem_max_keys_per_transaction >= 0)
+		return idem_max_keys_per_transaction;
+	return (int) Min((int64) INT_MAX,
+					 (int64) max_locks_per_xact *
+					 (MaxBackends + max_prepared_xacts) / 4);
+}
+
+/*
+ * idem_lock_taken
+ *		This transaction just took "tag" (a key's or an ordering key's
+ *		lock, in ExclusiveLock), which it did not hold: count it, or give it
+ *		back and raise 53400 when the transaction holds as many as it may.
+ */
+void
+idem_lock_taken(const LOCKTAG *tag)
+{
+	SubTransactionId cur = GetCurrentSubTransactionId();
+	int			limit = keys_lock_limit();
+
+	if (limit > 0 && locks_held >= limit)
+	{
+		LockRelease(tag, ExclusiveLock, false);
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("transaction holds too many idempotency keys"),
+				 errdetail("It holds %d keys and ordering keys, the most idempotency.max_keys_per_transaction allows%s.  Each takes a slot of the server's shared lock table, which every session needs, until the transaction ends.",
+						   locks_held,
+						   idem_max_keys_per_transaction < 0 ?
+						   " (a quarter of the lock table)" : ""),
+				 errhint("Commit every few hundred keys; for a batch that must hold more, a superuser can raise idempotency.max_keys_per_transaction for its role (ALTER ROLE ... SET), with max_locks_per_transaction.")));
+	}
+	if (!lock_callbacks_registered)
+	{
+		RegisterXactCallback(lock_count_xact_callback, NULL);
+		RegisterSubXactCallback(lock_count_subxact_callback, NULL);
+		lock_callbacks_registered = true;
+	}
+	if (lock_counts_len == 0 || lock_counts[lock_counts_len - 1].subid != cur)
+	{
+		/* one more than needed: a commit may add its parent's entry */
+		if (lock_counts_len + 2 > lock_counts_size)
+		{
+			int			size = Max(16, lock_counts_size * 2);
+
+			lock_counts = lock_counts == NULL ?
+				MemoryContextAlloc(TopMemoryContext, size * sizeof(LockCount)) :
+				repalloc(lock_counts, size * sizeof(LockCount));
+			lock_counts_size = size;
+		}
+		lock_counts[lock_counts_len].subid = cur;
+		lock_counts[lock_counts_len++].count = 0;
+	}
+	lock_counts[lock_counts_len - 1].count++;
+	locks_held++;
+}
+
+/*
+ * idem_lock_given_back
+ *		The lock the same call counted with idem_lock_taken was released.
+ */
+void
+idem_lock_given_back(void)
+{
+	Assert(lock_counts_len > 0 &&
+		   lock_counts[lock_counts_len - 1].subid == GetCurrentSubTransactionId());
+	if (lock_counts_len > 0 && lock_counts[lock_counts_len - 1].count > 0)
+	{
+		lock_counts[lock_counts_len - 1].count--;
+		locks_held--;
+	}
+}
+
+/* ----------------------------------------------------------------
  * Reservations held by this transaction
  * ----------------------------------------------------------------
  */
@@ -1054,6 +1221,8 @@ reserve_claim_lock(LOCKTAG *tag, TimestampTz deadline, bool *mine)
 
 	/* this transaction holds the key already: nothing to wait for */
 	*mine = res == LOCKACQUIRE_ALREADY_HELD || res == LOCKACQUIRE_ALREADY_CLEAR;
+	if (res == LOCKACQUIRE_OK)
+		idem_lock_taken(tag);
 	if (res != LOCKACQUIRE_NOT_AVAIL)
 		return true;
 	if (deadline == 0)
@@ -1062,7 +1231,10 @@ reserve_claim_lock(LOCKTAG *tag, TimestampTz deadline, bool *mine)
 	if (now >= deadline)
 		return false;
 	remaining_ms = (deadline - now + 999) / 1000;
-	return reserve_wait_lock(tag, (int) Min(remaining_ms, INT_MAX));
+	if (!reserve_wait_lock(tag, (int) Min(remaining_ms, INT_MAX)))
+		return false;
+	idem_lock_taken(tag);
+	return true;
 }
 
 /* Sleep a little while waiting for a committed reservation to finish. */
@@ -2479,7 +2651,11 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 		wrote = reserve_attempt(&id, fingerprint, &ttl, &lock_timeout,
 								&policy, now, &ans);
 		if (!wrote)
+		{
 			LockRelease(&tag, ExclusiveLock, false);
+			if (!mine)
+				idem_lock_given_back();
+		}
 
 		/*
 		 * A committed reservation still at work: with time left to wait,
@@ -2640,7 +2816,8 @@ keys_lock_wait(KeyIdent *id)
 	LOCKTAG		tag;
 
 	keys_lock_tag(&tag, id);
-	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	if (LockAcquire(&tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
+		idem_lock_taken(&tag);
 }
 
 /*
