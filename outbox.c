@@ -2097,6 +2097,23 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
 #define OUTBOX_ACK_DONE 1
 #define OUTBOX_ACK_MISS 2			/* no row passed the fence */
 
+/*
+ * Whether the table has a generated column (a DBA's): stored ones are
+ * computed by the executor, and a CHECK over a virtual one (PostgreSQL 18)
+ * names the generated column, not the columns it is computed from, so the
+ * check below could not see that the ack changes them.
+ */
+static bool
+outbox_has_generated(TupleDesc desc)
+{
+	if (desc->constr == NULL)
+		return false;
+#if PG_VERSION_NUM >= 180000
+	if (desc->constr->has_generated_virtual)
+		return true;
+#endif
+	return desc->constr->has_generated_stored;
+}
 
 /*
  * Whether the ack may update "heap" (idempotency.outbox, opened) directly;
@@ -2150,7 +2167,7 @@ outbox_direct_check(Relation heap)
 		!heap->rd_rel->relispartition &&
 		!heap->rd_rel->relrowsecurity &&
 		heap->trigdesc == NULL &&
-		!(desc->constr != NULL && desc->constr->has_generated_stored) &&
+		!outbox_has_generated(desc) &&
 		!OidIsValid(get_relname_relid("pg_dist_partition",
 									  PG_CATALOG_NAMESPACE));
 	if (usable)

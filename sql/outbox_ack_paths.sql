@@ -86,6 +86,22 @@ SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, lease_token, 'for
 SELECT status, provider_ref FROM idempotency.outbox o JOIN lease l USING (tenant_id, id) WHERE l.n = 3;
 ALTER TABLE idempotency.outbox DROP CONSTRAINT regress_obx_ap_ref;
 
+-- a CHECK over a generated column computed from a column the ack sets
+-- (virtual on PostgreSQL 18, whose constraint names only the generated
+-- column; stored before 18): checked too, nothing written
+DO $$
+BEGIN
+    EXECUTE pg_catalog.format('ALTER TABLE idempotency.outbox ADD COLUMN regress_obx_ap_len int
+                                   GENERATED ALWAYS AS (length(provider_ref)) %s',
+                              CASE WHEN current_setting('server_version_num')::int >= 180000
+                                   THEN 'VIRTUAL' ELSE 'STORED' END);
+END $$;
+ALTER TABLE idempotency.outbox ADD CONSTRAINT regress_obx_ap_len_check
+    CHECK (regress_obx_ap_len IS NULL OR regress_obx_ap_len < 10) NOT VALID;
+SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, lease_token, 'much-too-long') FROM lease WHERE n = 3$$);
+SELECT status, provider_ref FROM idempotency.outbox o JOIN lease l USING (tenant_id, id) WHERE l.n = 3;
+ALTER TABLE idempotency.outbox DROP COLUMN regress_obx_ap_len;
+
 -- dropped again: the ack updates directly as before
 SELECT outbox_ack(tenant_id, id, lease_token, 'ref-3'), statement_timestamp() AS ack3_at
   FROM lease WHERE n = 3 \gset
