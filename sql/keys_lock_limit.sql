@@ -97,7 +97,9 @@ RESET idempotency.max_keys_per_transaction;
 -- other processes are added by version), here with a batch twice as big
 SELECT current_setting('max_locks_per_transaction')::int
        * (current_setting('max_connections')::int
-          + current_setting('autovacuum_max_workers')::int + 1
+          -- 18 sizes autovacuum by its worker slots
+          + coalesce(current_setting('autovacuum_worker_slots', true),
+                     current_setting('autovacuum_max_workers'))::int + 1
           + current_setting('max_worker_processes')::int
           + current_setting('max_wal_senders')::int
           + current_setting('max_prepared_transactions')::int) / 4 AS cap \gset
