@@ -161,10 +161,11 @@ extern Oid	idem_enum_label_oid(Oid typid, const char *label);
  * "scopes" (any scope when nscopes is 0).
  */
 extern bool idem_holds_reservation(char **scopes, int nscopes);
-/* a key's or ordering key's lock this transaction just took / gave back */
+/* the locks of keys and ordering keys a transaction holds (keys.c) */
 struct LOCKTAG;
+extern void idem_lock_check(const struct LOCKTAG *tag);
 extern void idem_lock_taken(const struct LOCKTAG *tag);
-extern void idem_lock_given_back(void);
+extern void idem_lock_given_back(const struct LOCKTAG *tag);
 
 /* ----------------------------------------------------------------
  * ratelimit.c: rates and quotas of new keys per tenant, in shared memory

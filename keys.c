@@ -770,25 +770,42 @@ keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
  * bounds what one transaction holds (53400), by default to a quarter of
  * the table.
  *
- * The count follows subtransactions: an abort releases the locks taken in
- * it and in its children.  lock_counts holds, per subtransaction that took
- * locks and is still open, how many, in ascending subid order; a commit
- * hands a subtransaction's to its parent, an abort drops them.
+ * The locks counted are the ones this transaction took (LOCKACQUIRE_OK),
+ * by tag.  A subtransaction that aborts releases what its resource owners
+ * took, but not what a cursor opened before it fetched meanwhile: so at
+ * the limit the tags no longer held (LockHeldByMe) are forgotten, rather
+ * than guessing at each abort what it released.
  * ----------------------------------------------------------------
  */
 int			idem_max_keys_per_transaction = -1;
 
-typedef struct LockCount
-{
-	SubTransactionId subid;
-	int			count;
-} LockCount;
-
-static LockCount *lock_counts = NULL;	/* in TopMemoryContext */
-static int	lock_counts_len = 0;
-static int	lock_counts_size = 0;
-static int	locks_held = 0;
+static HTAB *locks_taken = NULL;	/* LOCKTAGs, in TopMemoryContext */
 static bool lock_callbacks_registered = false;
+
+static bool
+keys_lock_held(const LOCKTAG *tag)
+{
+#if PG_VERSION_NUM >= 170000
+	return LockHeldByMe(tag, ExclusiveLock, false);
+#else
+	return LockHeldByMe(tag, ExclusiveLock);
+#endif
+}
+
+/* Forget the tags "keep" says no longer count (all, when it is NULL). */
+static void
+locks_taken_prune(bool (*keep) (const LOCKTAG *tag))
+{
+	HASH_SEQ_STATUS status;
+	LOCKTAG    *tag;
+
+	if (locks_taken == NULL || hash_get_num_entries(locks_taken) == 0)
+		return;
+	hash_seq_init(&status, locks_taken);
+	while ((tag = (LOCKTAG *) hash_seq_search(&status)) != NULL)
+		if (keep == NULL || !keep(tag))
+			(void) hash_search(locks_taken, tag, HASH_REMOVE, NULL);
+}
 
 static void
 lock_count_xact_callback(XactEvent event, void *arg)
@@ -801,40 +818,10 @@ lock_count_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
-			lock_counts_len = 0;
-			locks_held = 0;
+			locks_taken_prune(NULL);
 			break;
 		default:
 			break;
-	}
-}
-
-static void
-lock_count_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
-							SubTransactionId parentSubid, void *arg)
-{
-	int			moved = 0;
-
-	(void) arg;
-	if (event != SUBXACT_EVENT_COMMIT_SUB && event != SUBXACT_EVENT_ABORT_SUB)
-		return;
-	/* the entries of mySubid and of its children, all at the top */
-	while (lock_counts_len > 0 &&
-		   lock_counts[lock_counts_len - 1].subid >= mySubid)
-		moved += lock_counts[--lock_counts_len].count;
-	if (event == SUBXACT_EVENT_ABORT_SUB)
-		locks_held -= moved;
-	else if (moved > 0)
-	{
-		/* the parent holds them now */
-		if (lock_counts_len > 0 &&
-			lock_counts[lock_counts_len - 1].subid == parentSubid)
-			lock_counts[lock_counts_len - 1].count += moved;
-		else
-		{
-			lock_counts[lock_counts_len].subid = parentSubid;
-			lock_counts[lock_counts_len++].count = moved;
-		}
 	}
 }
 
@@ -850,68 +837,73 @@ keys_lock_limit(void)
 }
 
 /*
+ * idem_lock_check
+ *		Before this transaction takes "tag" (a key's or an ordering key's
+ *		lock, in ExclusiveLock): 53400 when it holds as many as it may and
+ *		not this one already.  Raised before the lock is taken or waited
+ *		for, so before the key's row is read: a replay is refused too.
+ */
+void
+idem_lock_check(const LOCKTAG *tag)
+{
+	int			limit = keys_lock_limit();
+	long		held;
+
+	if (limit <= 0 || locks_taken == NULL)
+		return;
+	held = hash_get_num_entries(locks_taken);
+	if (held < limit || keys_lock_held(tag))
+		return;
+	/* at the limit: forget the locks aborted subtransactions released */
+	locks_taken_prune(keys_lock_held);
+	held = hash_get_num_entries(locks_taken);
+	if (held < limit)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+			 errmsg("transaction holds too many idempotency keys"),
+			 errdetail("It holds %ld keys and ordering keys, the most idempotency.max_keys_per_transaction allows%s.  Each takes a slot of the server's shared lock table, which every session needs, until the transaction ends.",
+					   held,
+					   idem_max_keys_per_transaction < 0 ?
+					   " (a quarter of the lock table)" : ""),
+			 errhint("Commit every few hundred keys; for a batch that must hold more, a superuser can raise idempotency.max_keys_per_transaction for its role (ALTER ROLE ... SET), with max_locks_per_transaction.")));
+}
+
+/*
  * idem_lock_taken
- *		This transaction just took "tag" (a key's or an ordering key's
- *		lock, in ExclusiveLock), which it did not hold: count it, or give it
- *		back and raise 53400 when the transaction holds as many as it may.
+ *		This transaction just took "tag", which it did not hold: count it.
  */
 void
 idem_lock_taken(const LOCKTAG *tag)
 {
-	SubTransactionId cur = GetCurrentSubTransactionId();
-	int			limit = keys_lock_limit();
-
-	if (limit > 0 && locks_held >= limit)
+	if (locks_taken == NULL)
 	{
-		LockRelease(tag, ExclusiveLock, false);
-		ereport(ERROR,
-				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("transaction holds too many idempotency keys"),
-				 errdetail("It holds %d keys and ordering keys, the most idempotency.max_keys_per_transaction allows%s.  Each takes a slot of the server's shared lock table, which every session needs, until the transaction ends.",
-						   locks_held,
-						   idem_max_keys_per_transaction < 0 ?
-						   " (a quarter of the lock table)" : ""),
-				 errhint("Commit every few hundred keys; for a batch that must hold more, a superuser can raise idempotency.max_keys_per_transaction for its role (ALTER ROLE ... SET), with max_locks_per_transaction.")));
+		HASHCTL		ctl;
+
+		memset(&ctl, 0, sizeof(ctl));
+		ctl.keysize = sizeof(LOCKTAG);
+		ctl.entrysize = sizeof(LOCKTAG);
+		ctl.hcxt = TopMemoryContext;
+		locks_taken = hash_create("idempotency locks taken", 64, &ctl,
+								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	}
 	if (!lock_callbacks_registered)
 	{
 		RegisterXactCallback(lock_count_xact_callback, NULL);
-		RegisterSubXactCallback(lock_count_subxact_callback, NULL);
 		lock_callbacks_registered = true;
 	}
-	if (lock_counts_len == 0 || lock_counts[lock_counts_len - 1].subid != cur)
-	{
-		/* one more than needed: a commit may add its parent's entry */
-		if (lock_counts_len + 2 > lock_counts_size)
-		{
-			int			size = Max(16, lock_counts_size * 2);
-
-			lock_counts = lock_counts == NULL ?
-				MemoryContextAlloc(TopMemoryContext, size * sizeof(LockCount)) :
-				repalloc(lock_counts, size * sizeof(LockCount));
-			lock_counts_size = size;
-		}
-		lock_counts[lock_counts_len].subid = cur;
-		lock_counts[lock_counts_len++].count = 0;
-	}
-	lock_counts[lock_counts_len - 1].count++;
-	locks_held++;
+	(void) hash_search(locks_taken, tag, HASH_ENTER, NULL);
 }
 
 /*
  * idem_lock_given_back
- *		The lock the same call counted with idem_lock_taken was released.
+ *		The lock "tag" that the same call took was released.
  */
 void
-idem_lock_given_back(void)
+idem_lock_given_back(const LOCKTAG *tag)
 {
-	Assert(lock_counts_len > 0 &&
-		   lock_counts[lock_counts_len - 1].subid == GetCurrentSubTransactionId());
-	if (lock_counts_len > 0 && lock_counts[lock_counts_len - 1].count > 0)
-	{
-		lock_counts[lock_counts_len - 1].count--;
-		locks_held--;
-	}
+	if (locks_taken != NULL)
+		(void) hash_search(locks_taken, tag, HASH_REMOVE, NULL);
 }
 
 /* ----------------------------------------------------------------
@@ -1228,7 +1220,10 @@ reserve_claim_lock(LOCKTAG *tag, TimestampTz deadline, bool *mine)
 {
 	TimestampTz now;
 	int64		remaining_ms;
-	LockAcquireResult res = LockAcquire(tag, ExclusiveLock, false, true);
+	LockAcquireResult res;
+
+	idem_lock_check(tag);
+	res = LockAcquire(tag, ExclusiveLock, false, true);
 
 	/* this transaction holds the key already: nothing to wait for */
 	*mine = res == LOCKACQUIRE_ALREADY_HELD || res == LOCKACQUIRE_ALREADY_CLEAR;
@@ -2041,6 +2036,26 @@ keys_count_live(KeyIdent *id, TimestampTz now, TimestampTz *earliest_expiry,
 }
 
 /*
+ * Take, where a cancel can still end the wait, the locks the count of
+ * keys_count_live takes while planning and running: the table's (held
+ * already) and every index's, which the planner opens all.  A DBA's
+ * ALTER INDEX on one would otherwise be waited for where no cancel or
+ * timeout ends the wait (see reserve_quota_admit).
+ */
+static void
+keys_lock_for_count(void)
+{
+	Relation	rel = table_open(keys_relid, AccessShareLock);
+	List	   *indexes = RelationGetIndexList(rel);
+	ListCell   *lc;
+
+	foreach(lc, indexes)
+		LockRelationOid(lfirst_oid(lc), AccessShareLock);
+	list_free(indexes);
+	table_close(rel, NoLock);
+}
+
+/*
  * Room for one more live key under the scope's max_live_keys: shared
  * memory answers, and the keys are counted only when it says the tenant
  * is at its quota (at most once a second per tenant and scope).
@@ -2075,6 +2090,7 @@ reserve_quota_admit(KeyIdent *id, const ScopePolicy *policy, TimestampTz now,
 	 * from the count.  pg_terminate_backend is not held back, and an error
 	 * ends the hold (errfinish resets it).
 	 */
+	keys_lock_for_count();
 	HOLD_CANCEL_INTERRUPTS();
 	live = keys_count_live(id, now, &earliest_expiry, &mark);
 	admitted = idem_quota_recounted(id->tenant, id->scope,
@@ -2665,7 +2681,7 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 		{
 			LockRelease(&tag, ExclusiveLock, false);
 			if (!mine)
-				idem_lock_given_back();
+				idem_lock_given_back(&tag);
 		}
 
 		/*
@@ -2827,6 +2843,7 @@ keys_lock_wait(KeyIdent *id)
 	LOCKTAG		tag;
 
 	keys_lock_tag(&tag, id);
+	idem_lock_check(&tag);
 	if (LockAcquire(&tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
 		idem_lock_taken(&tag);
 }

@@ -742,6 +742,7 @@ outbox_lock_ordering_key(const char *tenant, const char *ordering_key)
 											  strlen(ordering_key), 0));
 	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
 						 OUTBOX_ORDER_LOCK_CLASS);
+	idem_lock_check(&tag);
 	if (LockAcquire(&tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
 		idem_lock_taken(&tag);
 }
@@ -2088,9 +2089,10 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
  *
  * Only for the table as the extension creates it: no trigger, row
  * security, partition or Citus, only B-tree indexes on columns, no
- * exclusion or deferred constraint, and no CHECK constraint on a column
- * the ack changes (the ack leaves the others as they are, so theirs still
- * hold); and only in a transaction that may write.  Anything else, and
+ * exclusion or deferred constraint, no CHECK constraint on a column the
+ * ack changes (the ack leaves the others as they are, so theirs still
+ * hold), no NOT NULL on one it may set to null, and no generated column;
+ * and only in a transaction that may write.  Anything else, and
  * outbox_retention = 0 (the ack deletes), goes through the SPI statement.
  */
 #define OUTBOX_ACK_NO_DIRECT 0		/* use the SPI statement */
@@ -2161,6 +2163,9 @@ outbox_direct_check(Relation heap)
 		outbox_direct.done_at != InvalidAttrNumber &&
 		outbox_direct.provider_ref != InvalidAttrNumber &&
 		outbox_direct.lease_until != InvalidAttrNumber &&
+		/* a DBA's NOT NULL on a column the ack may set to null */
+		!TupleDescAttr(desc, outbox_direct.provider_ref - 1)->attnotnull &&
+		!TupleDescAttr(desc, outbox_direct.lease_until - 1)->attnotnull &&
 		OidIsValid(outbox_direct.pkey) &&
 		heap->rd_rel->relkind == RELKIND_RELATION &&
 		heap->rd_rel->relam == HEAP_TABLE_AM_OID &&

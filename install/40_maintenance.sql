@@ -162,6 +162,7 @@ DECLARE
     purge_done pg_catalog.bool := false;
     started   pg_catalog.timestamptz;
     stmt_timeout pg_catalog.interval;
+    batches   pg_catalog.int4 := 0;
 BEGIN
     IF time_budget IS NULL THEN
         RAISE EXCEPTION 'time_budget must not be null'
@@ -224,6 +225,7 @@ BEGIN
            AND pg_catalog.clock_timestamp() OPERATOR(pg_catalog.<) deadline THEN
             n := idempotency.reap(batch_size);
             reaped := reaped OPERATOR(pg_catalog.+) n;
+            batches := batches OPERATOR(pg_catalog.+) 1;
             COMMIT;
             reap_done := n OPERATOR(pg_catalog.<) batch_size;
         END IF;
@@ -231,6 +233,7 @@ BEGIN
            AND pg_catalog.clock_timestamp() OPERATOR(pg_catalog.<) deadline THEN
             n := idempotency.purge_outbox(batch_size);
             purged := purged OPERATOR(pg_catalog.+) n;
+            batches := batches OPERATOR(pg_catalog.+) 1;
             COMMIT;
             purge_done := n OPERATOR(pg_catalog.<) batch_size;
         END IF;
@@ -250,6 +253,13 @@ BEGIN
         END IF;
     END LOOP;
 
+    -- a deadline already past after the sweep (a short statement_timeout):
+    -- the run succeeds, but it reaps nothing, and will not next time
+    IF batches OPERATOR(pg_catalog.=) 0 THEN
+        RAISE WARNING 'idem_maintain: no time was left to reap expired keys or purge delivered outbox rows'
+            USING DETAIL = 'The run stops starting batches at its time_budget or at four fifths of statement_timeout, whichever comes first; the sweep and the lease recovery before them used that time.',
+                  HINT = 'Raise statement_timeout for the role that runs maintenance (ALTER ROLE ... SET statement_timeout), or time_budget.';
+    END IF;
     RAISE DEBUG 'idem_maintain: swept %, reclaimed %, reaped %, purged %',
         swept, reclaimed, reaped, purged;
 END

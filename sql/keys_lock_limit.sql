@@ -83,6 +83,27 @@ SELECT pg_temp.err($$SELECT outbox_enqueue('lk_c', 'order.created', '{"n": 4}', 
 COMMIT;
 SELECT payload->>'n' AS n, ordering_key FROM idempotency.outbox WHERE tenant_id = 'lk_c' ORDER BY id;
 
+-- a cursor opened before a savepoint keeps the keys it reserved while
+-- fetching in it when the savepoint rolls back: they stay held, and
+-- counted
+BEGIN;
+DECLARE c CURSOR FOR
+    SELECT r.outcome FROM generate_series(1, 10) g,
+           LATERAL idem_reserve('lk_f', 'orders', 'c' || g, fingerprint => sha256(g::text::bytea)) r;
+SAVEPOINT s;
+FETCH 2 FROM c;
+ROLLBACK TO SAVEPOINT s;
+SELECT count(*) AS key_locks_held FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 18756 AND pid = pg_backend_pid();
+FETCH 1 FROM c;
+SELECT left(pg_temp.err($$SELECT idem_reserve('lk_f', 'orders', 'x', fingerprint => sha256('x'))$$), 5) AS sqlstate;
+-- at the limit even a replay is refused: a key's row is read under its
+-- lock, which the transaction would take
+SELECT left(pg_temp.err($$SELECT idem_reserve('lk_a', 'orders', 'k1', fingerprint => sha256('1'))$$), 5) AS sqlstate;
+-- but a key the transaction holds is answered
+SELECT outcome FROM idem_reserve('lk_f', 'orders', 'c3', fingerprint => sha256('3'));
+ROLLBACK;
+
 -- 0: no limit
 SET idempotency.max_keys_per_transaction = 0;
 BEGIN;

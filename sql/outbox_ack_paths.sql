@@ -102,6 +102,20 @@ SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, lease_token, 'muc
 SELECT status, provider_ref FROM idempotency.outbox o JOIN lease l USING (tenant_id, id) WHERE l.n = 3;
 ALTER TABLE idempotency.outbox DROP COLUMN regress_obx_ap_len;
 
+-- a NOT NULL on a column the ack may set to null (provider_ref, when the
+-- ack gives none): refused as the UPDATE is (23502), nothing written
+CREATE TEMP TABLE regress_obx_ap_nulls AS
+    SELECT tenant_id, id FROM idempotency.outbox WHERE provider_ref IS NULL;
+UPDATE idempotency.outbox SET provider_ref = 'regress-fill'
+ WHERE (tenant_id, id) IN (SELECT tenant_id, id FROM regress_obx_ap_nulls);
+ALTER TABLE idempotency.outbox ALTER COLUMN provider_ref SET NOT NULL;
+SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, lease_token) FROM lease WHERE n = 3$$);
+SELECT status, provider_ref FROM idempotency.outbox o JOIN lease l USING (tenant_id, id) WHERE l.n = 3;
+ALTER TABLE idempotency.outbox ALTER COLUMN provider_ref DROP NOT NULL;
+UPDATE idempotency.outbox SET provider_ref = NULL
+ WHERE (tenant_id, id) IN (SELECT tenant_id, id FROM regress_obx_ap_nulls);
+DROP TABLE regress_obx_ap_nulls;
+
 -- dropped again: the ack updates directly as before
 SELECT outbox_ack(tenant_id, id, lease_token, 'ref-3'), statement_timestamp() AS ack3_at
   FROM lease WHERE n = 3 \gset

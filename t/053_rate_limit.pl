@@ -8,6 +8,7 @@
 use strict;
 use warnings;
 use File::Temp qw(tempdir);
+use Time::HiRes;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -226,6 +227,30 @@ for my $i (2 .. 4)
 is(join(',', @later), 'created,created,created',
 	"but it is recorded: the tenant's next new keys are admitted under the same timeout");
 $_->quit for @timed;
+
+# the locks the count takes are taken first, where a cancel still ends the
+# wait: a DBA's ALTER INDEX on the keys table (here held for 3 s) holds a
+# counting request up only until its lock_timeout, not until it is done
+$node->safe_psql('postgres', q{
+	SELECT idem_configure_scope('POST /v1/holds', '{"max_live_keys": 1000}')});
+my $dba = $node->background_psql('postgres');
+$dba->query_safe(q{BEGIN});
+$dba->query_safe(
+	q{ALTER INDEX idempotency.keys_expires_at_idx SET TABLESPACE pg_default});
+$dba->query_until(qr/holding/, qq{\\echo holding
+SELECT pg_sleep(3);
+ROLLBACK;
+});
+my $t0 = [Time::HiRes::gettimeofday()];
+my ($hrc, $hout, $herr) = $node->psql('postgres',
+	q{SET lock_timeout = '200ms';
+	  SELECT outcome FROM idem_reserve('holds', 'POST /v1/holds', 'k1', '{}')},
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+my $took = Time::HiRes::tv_interval($t0);
+like($herr, qr/55P03: canceling statement due to lock timeout/,
+	"a counting request waiting for a DBA's lock ends at its lock_timeout");
+cmp_ok($took, '<', 2.5, 'before the DBA is done') or diag("took $took s");
+$dba->quit;
 $node->stop;
 
 # without shared memory the limit cannot be kept: refused, not ignored
