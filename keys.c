@@ -779,7 +779,14 @@ keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
  */
 int			idem_max_keys_per_transaction = -1;
 
-static HTAB *locks_taken = NULL;	/* LOCKTAGs, in TopMemoryContext */
+/*
+ * The tags this transaction took, in TopMemoryContext, in the order taken
+ * (a tag taken again after an aborted subtransaction released it appears
+ * twice until the next prune).  Appending is all the hot path does.
+ */
+static LOCKTAG *locks_taken = NULL;
+static int	locks_taken_len = 0;
+static int	locks_taken_size = 0;
 static bool lock_callbacks_registered = false;
 
 static bool
@@ -792,19 +799,31 @@ keys_lock_held(const LOCKTAG *tag)
 #endif
 }
 
-/* Forget the tags "keep" says no longer count (all, when it is NULL). */
-static void
-locks_taken_prune(bool (*keep) (const LOCKTAG *tag))
-{
-	HASH_SEQ_STATUS status;
-	LOCKTAG    *tag;
+/* tags are compared as bytes: every byte is a field */
+StaticAssertDecl(sizeof(LOCKTAG) == 3 * sizeof(uint32) + sizeof(uint16) + 2 * sizeof(uint8),
+				 "LOCKTAG has padding");
 
-	if (locks_taken == NULL || hash_get_num_entries(locks_taken) == 0)
-		return;
-	hash_seq_init(&status, locks_taken);
-	while ((tag = (LOCKTAG *) hash_seq_search(&status)) != NULL)
-		if (keep == NULL || !keep(tag))
-			(void) hash_search(locks_taken, tag, HASH_REMOVE, NULL);
+static int
+locktag_cmp(const void *a, const void *b)
+{
+	return memcmp(a, b, sizeof(LOCKTAG));
+}
+
+/* Keep each tag once, and only those still held. */
+static void
+locks_taken_prune(void)
+{
+	int			n = 0;
+
+	qsort(locks_taken, locks_taken_len, sizeof(LOCKTAG), locktag_cmp);
+	for (int i = 0; i < locks_taken_len; i++)
+	{
+		if (n > 0 && locktag_cmp(&locks_taken[n - 1], &locks_taken[i]) == 0)
+			continue;
+		if (keys_lock_held(&locks_taken[i]))
+			locks_taken[n++] = locks_taken[i];
+	}
+	locks_taken_len = n;
 }
 
 static void
@@ -818,7 +837,7 @@ lock_count_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
-			locks_taken_prune(NULL);
+			locks_taken_len = 0;
 			break;
 		default:
 			break;
@@ -847,23 +866,18 @@ void
 idem_lock_check(const LOCKTAG *tag)
 {
 	int			limit = keys_lock_limit();
-	long		held;
 
-	if (limit <= 0 || locks_taken == NULL)
-		return;
-	held = hash_get_num_entries(locks_taken);
-	if (held < limit || keys_lock_held(tag))
+	if (limit <= 0 || locks_taken_len < limit || keys_lock_held(tag))
 		return;
 	/* at the limit: forget the locks aborted subtransactions released */
-	locks_taken_prune(keys_lock_held);
-	held = hash_get_num_entries(locks_taken);
-	if (held < limit)
+	locks_taken_prune();
+	if (locks_taken_len < limit)
 		return;
 	ereport(ERROR,
 			(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 			 errmsg("transaction holds too many idempotency keys"),
-			 errdetail("It holds %ld keys and ordering keys, the most idempotency.max_keys_per_transaction allows%s.  Each takes a slot of the server's shared lock table, which every session needs, until the transaction ends.",
-					   held,
+			 errdetail("It holds %d keys and ordering keys, the most idempotency.max_keys_per_transaction allows%s.  Each takes a slot of the server's shared lock table, which every session needs, until the transaction ends.",
+					   locks_taken_len,
 					   idem_max_keys_per_transaction < 0 ?
 					   " (a quarter of the lock table)" : ""),
 			 errhint("Commit every few hundred keys; for a batch that must hold more, a superuser can raise idempotency.max_keys_per_transaction for its role (ALTER ROLE ... SET), with max_locks_per_transaction.")));
@@ -876,34 +890,34 @@ idem_lock_check(const LOCKTAG *tag)
 void
 idem_lock_taken(const LOCKTAG *tag)
 {
-	if (locks_taken == NULL)
-	{
-		HASHCTL		ctl;
-
-		memset(&ctl, 0, sizeof(ctl));
-		ctl.keysize = sizeof(LOCKTAG);
-		ctl.entrysize = sizeof(LOCKTAG);
-		ctl.hcxt = TopMemoryContext;
-		locks_taken = hash_create("idempotency locks taken", 64, &ctl,
-								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	}
 	if (!lock_callbacks_registered)
 	{
 		RegisterXactCallback(lock_count_xact_callback, NULL);
 		lock_callbacks_registered = true;
 	}
-	(void) hash_search(locks_taken, tag, HASH_ENTER, NULL);
+	if (locks_taken_len >= locks_taken_size)
+	{
+		int			size = Max(64, locks_taken_size * 2);
+
+		locks_taken = locks_taken == NULL ?
+			MemoryContextAlloc(TopMemoryContext, size * sizeof(LOCKTAG)) :
+			repalloc(locks_taken, size * sizeof(LOCKTAG));
+		locks_taken_size = size;
+	}
+	locks_taken[locks_taken_len++] = *tag;
 }
 
 /*
  * idem_lock_given_back
- *		The lock "tag" that the same call took was released.
+ *		The lock "tag" that the same call took was released: the last one
+ *		taken.
  */
 void
 idem_lock_given_back(const LOCKTAG *tag)
 {
-	if (locks_taken != NULL)
-		(void) hash_search(locks_taken, tag, HASH_REMOVE, NULL);
+	if (locks_taken_len > 0 &&
+		locktag_cmp(&locks_taken[locks_taken_len - 1], tag) == 0)
+		locks_taken_len--;
 }
 
 /* ----------------------------------------------------------------
