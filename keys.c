@@ -838,6 +838,13 @@ lock_count_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
 			locks_taken_len = 0;
+			/* a big batch's array is not kept for the session's life */
+			if (locks_taken_size > 1024)
+			{
+				pfree(locks_taken);
+				locks_taken = NULL;
+				locks_taken_size = 0;
+			}
 			break;
 		default:
 			break;
@@ -1993,6 +2000,23 @@ reserve_flag_stale(KeyIdent *id)
 	idem_spi_execute(plan_flag, id->values, NULL, false, 0);
 }
 
+/* The statement of keys_count_live, prepared once. */
+static SPIPlanPtr
+keys_count_plan(void)
+{
+	Oid			argtypes[3] = {TEXTOID, TEXTOID, TIMESTAMPTZOID};
+
+	return idem_saved_plan(&plan_count_live,
+						   "SELECT pg_catalog.count(*),"
+						   " pg_catalog.min(expires_at) FILTER"
+						   " (WHERE status OPERATOR(pg_catalog.<>) 'processing')"
+						   " FROM idempotency.keys"
+						   " WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND scope OPERATOR(pg_catalog.=) $2"
+						   " AND (status OPERATOR(pg_catalog.=) 'processing'"
+						   " OR expires_at OPERATOR(pg_catalog.>) $3)",
+						   3, argtypes, 0);
+}
+
 /*
  * Count the live keys of the key's tenant and scope: in flight, or not yet
  * expired at "now".  Sets *earliest_expiry to the earliest expiry of the
@@ -2005,22 +2029,13 @@ static int64
 keys_count_live(KeyIdent *id, TimestampTz now, TimestampTz *earliest_expiry,
 				uint64 *mark)
 {
-	Oid			argtypes[3] = {TEXTOID, TEXTOID, TIMESTAMPTZOID};
 	Datum		values[3];
 	bool		isnull;
 	Datum		d;
 	int64		live;
 	int			rc;
 
-	idem_saved_plan(&plan_count_live,
-					"SELECT pg_catalog.count(*),"
-					" pg_catalog.min(expires_at) FILTER"
-					" (WHERE status OPERATOR(pg_catalog.<>) 'processing')"
-					" FROM idempotency.keys"
-					" WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND scope OPERATOR(pg_catalog.=) $2"
-					" AND (status OPERATOR(pg_catalog.=) 'processing'"
-					" OR expires_at OPERATOR(pg_catalog.>) $3)",
-					3, argtypes, 0);
+	keys_count_plan();
 	values[0] = id->values[0];
 	values[1] = id->values[1];
 	values[2] = TimestampTzGetDatum(now);
@@ -2050,23 +2065,36 @@ keys_count_live(KeyIdent *id, TimestampTz now, TimestampTz *earliest_expiry,
 }
 
 /*
- * Take, where a cancel can still end the wait, the locks the count of
- * keys_count_live takes while planning and running: the table's (held
- * already) and every index's, which the planner opens all.  A DBA's
- * ALTER INDEX on one would otherwise be waited for where no cancel or
- * timeout ends the wait (see reserve_quota_admit).
+ * Do, where a cancel can still end a wait, what the count of
+ * keys_count_live waits for besides reading the keys (see
+ * reserve_quota_admit): take the locks it takes, the table's (held
+ * already) and every index's (the planner opens them all), and plan it,
+ * which reads the table's statistics again after an ANALYZE (a DBA's
+ * VACUUM FULL of pg_statistic, or an ALTER INDEX, would otherwise be
+ * waited for where no cancel or timeout ends the wait).  The generic plan
+ * built here leaves the catalog caches warm for a custom plan.
  */
 static void
-keys_lock_for_count(void)
+keys_prepare_count(void)
 {
 	Relation	rel = table_open(keys_relid, AccessShareLock);
 	List	   *indexes = RelationGetIndexList(rel);
 	ListCell   *lc;
+	SPIPlanPtr	plan;
 
 	foreach(lc, indexes)
 		LockRelationOid(lfirst_oid(lc), AccessShareLock);
 	list_free(indexes);
 	table_close(rel, NoLock);
+
+	plan = keys_count_plan();
+	if (!idem_citus_pass_active)
+	{
+		CachedPlan *cplan = SPI_plan_get_cached_plan(plan);
+
+		if (cplan != NULL)
+			ReleaseCachedPlan(cplan, CurrentResourceOwner);
+	}
 }
 
 /*
@@ -2104,7 +2132,7 @@ reserve_quota_admit(KeyIdent *id, const ScopePolicy *policy, TimestampTz now,
 	 * from the count.  pg_terminate_backend is not held back, and an error
 	 * ends the hold (errfinish resets it).
 	 */
-	keys_lock_for_count();
+	keys_prepare_count();
 	HOLD_CANCEL_INTERRUPTS();
 	live = keys_count_live(id, now, &earliest_expiry, &mark);
 	admitted = idem_quota_recounted(id->tenant, id->scope,

@@ -257,7 +257,13 @@ async def run_schedule(args, seed):
                         sc.violate('sweep flagged %s younger than %s' % (key, a['thr']))
                     sc.apply(key, st.copy(flagged=True), c0, c1)
             elif k == 'stale_flag':
-                if st.status == 'processing':
+                # a stale answer from a row every state the call may have
+                # seen had flagged writes nothing and takes no lock: a
+                # checkpoint may clear the flag before the answering
+                # transaction commits, and that commit does not set it again
+                if st.status == 'processing' and not all(
+                        c.status == 'processing' and c.flagged
+                        for c in sc.candidates(key, a['t0'], a['t1'])):
                     sc.apply(key, st.copy(flagged=True), c0, c1)
             elif k == 'checkpoint':
                 if st.status != 'processing' or (a['token'] is not None and st.token != a['token'] and not a.get('own_prior')):

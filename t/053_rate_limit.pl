@@ -251,6 +251,31 @@ like($herr, qr/55P03: canceling statement due to lock timeout/,
 	"a counting request waiting for a DBA's lock ends at its lock_timeout");
 cmp_ok($took, '<', 2.5, 'before the DBA is done') or diag("took $took s");
 $dba->quit;
+
+# and so is planning it, which reads the table's statistics again after
+# an ANALYZE: a DBA holding pg_statistic (VACUUM FULL, or here a LOCK for
+# 3 s) holds up a session that counted before only until its lock_timeout
+my $app = $node->background_psql('postgres', on_error_stop => 0);
+$app->query_safe(
+	q{SELECT outcome FROM idem_reserve('stat-warm', 'POST /v1/holds', 'w', '{}')});
+$node->safe_psql('postgres', 'ANALYZE idempotency.keys');
+$dba = $node->background_psql('postgres');
+$dba->query_safe(q{BEGIN});
+$dba->query_safe(q{LOCK TABLE pg_statistic IN ACCESS EXCLUSIVE MODE});
+$dba->query_until(qr/holding/, qq{\\echo holding
+SELECT pg_sleep(3);
+ROLLBACK;
+});
+$t0 = [Time::HiRes::gettimeofday()];
+($tout, $terr) = run_in($app, q{\set VERBOSITY verbose
+SET lock_timeout = '200ms';
+SELECT outcome FROM idem_reserve('stat', 'POST /v1/holds', 'k1', '{}')});
+$took = Time::HiRes::tv_interval($t0);
+like($terr, qr/55P03: canceling statement due to lock timeout/,
+	'a count planned again after an ANALYZE waits for the statistics at its lock_timeout');
+cmp_ok($took, '<', 2.5, 'not until the DBA is done') or diag("took $took s");
+$app->quit;
+$dba->quit;
 $node->stop;
 
 # without shared memory the limit cannot be kept: refused, not ignored
