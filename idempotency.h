@@ -161,11 +161,12 @@ extern Oid	idem_enum_label_oid(Oid typid, const char *label);
  * "scopes" (any scope when nscopes is 0).
  */
 extern bool idem_holds_reservation(char **scopes, int nscopes);
-/* the locks of keys and ordering keys a transaction holds (keys.c) */
+/*
+ * Take a key's or an ordering key's lock until the transaction ends,
+ * counted against idempotency.max_keys_per_transaction (53400 beyond it).
+ */
 struct LOCKTAG;
-extern void idem_lock_check(const struct LOCKTAG *tag);
-extern void idem_lock_taken(const struct LOCKTAG *tag);
-extern void idem_lock_given_back(const struct LOCKTAG *tag);
+extern void idem_lock_wait(const struct LOCKTAG *tag);
 
 /* ----------------------------------------------------------------
  * ratelimit.c: rates and quotas of new keys per tenant, in shared memory

@@ -863,14 +863,13 @@ keys_lock_limit(void)
 }
 
 /*
- * idem_lock_check
- *		Before this transaction takes "tag" (a key's or an ordering key's
- *		lock, in ExclusiveLock): 53400 when it holds as many as it may and
- *		not this one already.  Raised before the lock is taken or waited
- *		for, so before the key's row is read: a replay is refused too.
+ * Before this transaction takes "tag" (a key's or an ordering key's lock,
+ * in ExclusiveLock): 53400 when it holds as many as it may and not this
+ * one already.  Raised before the lock is taken or waited for, so before
+ * the key's row is read: a replay is refused too.
  */
-void
-idem_lock_check(const LOCKTAG *tag)
+static void
+keys_lock_check(const LOCKTAG *tag)
 {
 	int			limit = keys_lock_limit();
 
@@ -890,12 +889,9 @@ idem_lock_check(const LOCKTAG *tag)
 			 errhint("Commit every few hundred keys; for a batch that must hold more, a superuser can raise idempotency.max_keys_per_transaction for its role (ALTER ROLE ... SET), with max_locks_per_transaction.")));
 }
 
-/*
- * idem_lock_taken
- *		This transaction just took "tag", which it did not hold: count it.
- */
-void
-idem_lock_taken(const LOCKTAG *tag)
+/* This transaction just took "tag", which it did not hold: count it. */
+static void
+keys_lock_taken(const LOCKTAG *tag)
 {
 	if (!lock_callbacks_registered)
 	{
@@ -915,16 +911,29 @@ idem_lock_taken(const LOCKTAG *tag)
 }
 
 /*
- * idem_lock_given_back
- *		The lock "tag" that the same call took was released: the last one
- *		taken.
+ * The lock "tag" that the same call took was released: the last one
+ * taken.
  */
-void
-idem_lock_given_back(const LOCKTAG *tag)
+static void
+keys_lock_given_back(const LOCKTAG *tag)
 {
 	if (locks_taken_len > 0 &&
 		locktag_cmp(&locks_taken[locks_taken_len - 1], tag) == 0)
 		locks_taken_len--;
+}
+
+/*
+ * idem_lock_wait
+ *		Take "tag" (a key's or an ordering key's lock) in ExclusiveLock
+ *		until the transaction ends, waiting like any lock (lock_timeout and
+ *		the deadlock check apply), within idempotency.max_keys_per_transaction.
+ */
+void
+idem_lock_wait(const LOCKTAG *tag)
+{
+	keys_lock_check(tag);
+	if (LockAcquire(tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
+		keys_lock_taken(tag);
 }
 
 /* ----------------------------------------------------------------
@@ -1243,13 +1252,13 @@ reserve_claim_lock(LOCKTAG *tag, TimestampTz deadline, bool *mine)
 	int64		remaining_ms;
 	LockAcquireResult res;
 
-	idem_lock_check(tag);
+	keys_lock_check(tag);
 	res = LockAcquire(tag, ExclusiveLock, false, true);
 
 	/* this transaction holds the key already: nothing to wait for */
 	*mine = res == LOCKACQUIRE_ALREADY_HELD || res == LOCKACQUIRE_ALREADY_CLEAR;
 	if (res == LOCKACQUIRE_OK)
-		idem_lock_taken(tag);
+		keys_lock_taken(tag);
 	if (res != LOCKACQUIRE_NOT_AVAIL)
 		return true;
 	if (deadline == 0)
@@ -1260,7 +1269,7 @@ reserve_claim_lock(LOCKTAG *tag, TimestampTz deadline, bool *mine)
 	remaining_ms = (deadline - now + 999) / 1000;
 	if (!reserve_wait_lock(tag, (int) Min(remaining_ms, INT_MAX)))
 		return false;
-	idem_lock_taken(tag);
+	keys_lock_taken(tag);
 	return true;
 }
 
@@ -2723,7 +2732,7 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 		{
 			LockRelease(&tag, ExclusiveLock, false);
 			if (!mine)
-				idem_lock_given_back(&tag);
+				keys_lock_given_back(&tag);
 		}
 
 		/*
@@ -2885,9 +2894,7 @@ keys_lock_wait(KeyIdent *id)
 	LOCKTAG		tag;
 
 	keys_lock_tag(&tag, id);
-	idem_lock_check(&tag);
-	if (LockAcquire(&tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
-		idem_lock_taken(&tag);
+	idem_lock_wait(&tag);
 }
 
 /*

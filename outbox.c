@@ -742,9 +742,7 @@ outbox_lock_ordering_key(const char *tenant, const char *ordering_key)
 											  strlen(ordering_key), 0));
 	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
 						 OUTBOX_ORDER_LOCK_CLASS);
-	idem_lock_check(&tag);
-	if (LockAcquire(&tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
-		idem_lock_taken(&tag);
+	idem_lock_wait(&tag);
 }
 
 /*
