@@ -47,6 +47,7 @@
 #include "miscadmin.h"
 #include "storage/bufmgr.h"
 #include "storage/itemptr.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
@@ -346,6 +347,9 @@ idem_reap(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(total);
 }
 
+/* The pages a sweep under a statement_timeout reads between two looks at the clock. */
+#define SWEEP_CHUNK_PAGES 256
+
 /* A tid Datum for the first item of page "page" (clamped to a block number). */
 static Datum
 sweep_page_tid(int64 page)
@@ -393,7 +397,8 @@ sweep_pages(int npasses, int64 *npages, int64 table_blocks)
  * sweep_slices
  *		One scheduled sweep: from the cursor (back to page 0 when the pages
  *		have shrunk below it), at most pages_per_run pages, pass by pass
- *		(a slice can end one shard and start the next).  "values" and
+ *		(a slice can end one shard and start the next), and under a
+ *		statement_timeout no longer than two fifths of it.  "values" and
  *		"nulls" are sweep_slice_sql's, whose page bounds ($3, $4) are set
  *		here.  Adds the flagged keys to *total and returns the cursor for
  *		the next run: 0 once the end of the pages is reached.
@@ -414,6 +419,8 @@ sweep_slices(Oid *argtypes, Datum *values, char *nulls, int64 *total)
 	int			npasses = idem_citus_passes();
 	int			pass;
 	int			ret;
+	TimestampTz deadline = 0;
+	bool		stopped = false;
 
 	statevalues[0] = Int32GetDatum(IDEM_SWEEP_DEFAULT_PAGES);
 	ret = idem_spi_execute(idem_saved_plan(&sweep_state_plan, sweep_state_sql,
@@ -432,7 +439,20 @@ sweep_slices(Oid *argtypes, Datum *values, char *nulls, int64 *total)
 
 	if (next < 0 || next >= all)
 		next = 0;
-	for (pass = 0; pass < npasses && left > 0 && next < all; pass++)
+
+	/*
+	 * Under a statement_timeout, read in chunks and stop starting them at
+	 * two fifths of it, counted from the statement's start (for
+	 * idem_maintain, the CALL's), so that the run ends, and moves the
+	 * cursor, instead of being canceled with its work rolled back; the
+	 * first chunk is always read, so every run advances.  idem_maintain
+	 * stops starting batches at four fifths: the other half of its time is
+	 * theirs.
+	 */
+	if (StatementTimeout > 0)
+		deadline = GetCurrentStatementStartTimestamp() +
+			(TimestampTz) StatementTimeout * 400;
+	for (pass = 0; pass < npasses && left > 0 && next < all && !stopped; pass++)
 	{
 		int64		from;
 		int64		to;
@@ -444,18 +464,25 @@ sweep_slices(Oid *argtypes, Datum *values, char *nulls, int64 *total)
 		}
 		from = next - offset;
 		to = Min(npages[pass], from + left);
-		values[2] = sweep_page_tid(from);
-		values[3] = sweep_page_tid(to);
-		idem_citus_enter(pass);
-		ret = idem_spi_execute(idem_saved_plan(&sweep_slice_plan, sweep_slice_sql,
-											 4, argtypes, 0),
-							   values, nulls, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "sweeping keys failed: %s", SPI_result_code_string(ret));
-		*total += maint_count_into_stats(IDEM_STAT_SWEPT);
-		idem_citus_leave();
-		left -= to - from;
-		next = offset + to;
+		while (from < to && !stopped)
+		{
+			int64		upto = deadline ? Min(to, from + SWEEP_CHUNK_PAGES) : to;
+
+			values[2] = sweep_page_tid(from);
+			values[3] = sweep_page_tid(upto);
+			idem_citus_enter(pass);
+			ret = idem_spi_execute(idem_saved_plan(&sweep_slice_plan, sweep_slice_sql,
+												 4, argtypes, 0),
+								   values, nulls, false, 0);
+			if (ret != SPI_OK_SELECT)
+				elog(ERROR, "sweeping keys failed: %s", SPI_result_code_string(ret));
+			*total += maint_count_into_stats(IDEM_STAT_SWEPT);
+			idem_citus_leave();
+			left -= upto - from;
+			next = offset + upto;
+			from = upto;
+			stopped = deadline && GetCurrentTimestamp() >= deadline;
+		}
 		offset += npages[pass];
 	}
 	pfree(npages);
@@ -472,7 +499,9 @@ sweep_slices(Oid *argtypes, Datum *values, char *nulls, int64 *total)
  * whole table is read.  Without it (the scheduled run of idem_maintain),
  * at most idempotency.sweep_state.pages_per_run pages are read, from where
  * the last such run stopped, and the cursor moves on: a run costs the same
- * however large the table is, and the runs go round the whole table.  Row
+ * however large the table is, and the runs go round the whole table.  Under
+ * a statement_timeout a run also stops at two fifths of it (after at least
+ * one chunk of SWEEP_CHUNK_PAGES pages), where the next run goes on.  Row
  * locks: the flagged rows (and the cursor row) only; rows locked by a live
  * request are skipped.  Counts "swept" per (tenant, scope) and returns the
  * number flagged.

@@ -212,6 +212,7 @@ BEGIN
     COMMIT;
 
     -- first what is urgent and small: stuck reservations and lost leases
+    -- (under a statement_timeout the sweep stops at two fifths of it)
     swept := idempotency.sweep(NULL::pg_catalog.interval);
     reclaimed := idempotency.reclaim_leases();
     COMMIT;

@@ -80,5 +80,30 @@ UPDATE idempotency.sweep_state SET pages_per_run = 0;
 \set VERBOSITY default
 RESET ROLE;
 
+-- Under a statement_timeout a run stops at two fifths of it (counted from
+-- the statement's start, the CALL's for idem_maintain), once it has read
+-- one chunk of 256 pages, and moves the cursor to where it stopped:
+-- without that, a sweep longer than the timeout was canceled, its flags
+-- rolled back and the cursor left where it was, run after run.  Here the
+-- statement spends 1.7 s of its 4 asleep before it sweeps (its deadline
+-- is 1.6 s), leaving ample time for one chunk, under valgrind too.
+INSERT INTO idempotency.keys (tenant_id, scope, idem_key, fingerprint, status,
+                              locked_at, completed_at, expires_at,
+                              response_code, response_body)
+SELECT 'msl', 'orders', 'more-' || g, sha256(g::text::bytea), 'succeeded',
+       now() - interval '1 hour', now() - interval '1 hour',
+       now() + interval '1 day', 201, '{"ok": true, "padding": "0123456789012345678901234567890123456789"}'
+  FROM generate_series(1, 6000) g;
+SELECT pg_relation_size('idempotency.keys') / current_setting('block_size')::int > 300
+       AS more_than_a_chunk;
+UPDATE idempotency.sweep_state SET pages_per_run = 1000000, next_page = 0;
+SET statement_timeout = '4s';
+SELECT pg_sleep(1.7) IS NOT NULL AS slept, idem_sweep() >= 0 AS ran;
+RESET statement_timeout;
+SELECT next_page AS one_chunk FROM idempotency.sweep_state;
+-- the next run, without a timeout, reads on to the end of the table
+SELECT idem_sweep() >= 0 AS ran;
+SELECT next_page AS wrapped FROM idempotency.sweep_state;
+
 DELETE FROM idempotency.keys WHERE tenant_id = 'msl';
 UPDATE idempotency.sweep_state SET pages_per_run = DEFAULT, next_page = 0;
