@@ -82,6 +82,30 @@ SELECT idem_complete('stats-h', 'orders', 'held-2', 201, '{}');
 SELECT reservations_held FROM idempotency.health;
 ROLLBACK;
 SELECT reservations_held FROM idempotency.health;
+-- many keys held: the lock table is read once, not again for every key
+-- held (a join back to pg_locks, rescanned per key, took a second for
+-- 6,000 keys); the plan reads pg_lock_status() in one scan, run once
+BEGIN;
+SELECT count(*) AS reserved
+  FROM generate_series(1, 200) g,
+       idem_reserve('stats-h', 'orders', 'many-' || g, '{}') r
+ WHERE r.outcome = 'created';
+CREATE FUNCTION pg_temp.lock_scans(OUT scans int, OUT runs int) LANGUAGE plpgsql AS $$
+DECLARE
+    plan jsonb;
+BEGIN
+    EXECUTE 'EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF, FORMAT JSON)'
+            ' SELECT * FROM idempotency.health' INTO plan;
+    SELECT count(*), sum((n ->> 'Actual Loops')::int)
+      INTO scans, runs
+      FROM jsonb_path_query(plan, 'strict $.**') n
+     WHERE jsonb_typeof(n) = 'object'
+       AND n ->> 'Function Name' = 'pg_lock_status';
+END
+$$;
+SELECT * FROM pg_temp.lock_scans();
+SELECT reservations_held FROM idempotency.health;
+ROLLBACK;
 -- a holder that does not report its activity is counted without an age
 SET track_activities = off;
 BEGIN;
