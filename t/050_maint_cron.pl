@@ -131,6 +131,25 @@ is($node->safe_psql('postgres',
 		"SELECT reaped || ' ' || swept FROM idempotency.stats WHERE tenant = 'cron'"),
 	'100 1', 'the run counted in the stats');
 
+# README's job that bounds pg_cron's run history, which grows by a row a
+# run: its command deletes the runs that ended over a week ago, no others
+my ($purge_sql) = PostgreSQL::Test::Utils::slurp_file('README.md') =~
+  /(SELECT cron\.schedule\('purge-cron-history'.*?\);)/s;
+ok(defined $purge_sql, 'README shows a job that bounds the run history');
+$node->safe_psql('postgres', $purge_sql);
+my $last_run = $node->safe_psql('postgres', 'SELECT max(runid) FROM cron.job_run_details');
+$node->safe_psql('postgres',
+	"UPDATE cron.job_run_details SET end_time = now() - interval '8 days'"
+	  . " WHERE runid = (SELECT min(runid) FROM cron.job_run_details)");
+my $runs_sql = "SELECT count(*) || ' ' || count(*) FILTER (WHERE end_time < now() - interval '7 days')"
+  . " FROM cron.job_run_details WHERE runid <= $last_run";
+my ($runs) = split / /, $node->safe_psql('postgres', $runs_sql);
+$node->safe_psql('postgres',
+	"DO \$\$BEGIN EXECUTE (SELECT command FROM cron.job WHERE jobname = 'purge-cron-history'); END\$\$");
+is($node->safe_psql('postgres', $runs_sql), ($runs - 1) . ' 0',
+	'its command deletes the run that ended over a week ago, and only that one');
+$node->safe_psql('postgres', "SELECT cron.unschedule('purge-cron-history')");
+
 # unschedule: true once, then false; database shop through the hint again
 is($node->safe_psql('postgres', 'SELECT idem_unschedule_maintenance()'),
 	't', 'unscheduled');
