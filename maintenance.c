@@ -162,7 +162,7 @@ static const char *sweep_advance_sql =
  * message goes back to pending, or to the dead letters once that was its
  * last allowed attempt (a message that crashes its worker every time must
  * not circulate for ever).  The dead letter keeps leased_by, to say whose
- * lease it was.
+ * lease it was.  One batch of at most $1 rows, the longest expired first.
  */
 static const char *reclaim_sql =
 "WITH expired AS ("
@@ -172,6 +172,8 @@ static const char *reclaim_sql =
 "       AND o.lease_until OPERATOR(pg_catalog.<) pg_catalog.now()"
 /* a leased row's available_at is its lease end: lets outbox_claim_idx serve */
 "       AND o.available_at OPERATOR(pg_catalog.<) pg_catalog.now()"
+"     ORDER BY o.available_at"
+"     LIMIT $1"
 "       FOR UPDATE SKIP LOCKED)"
 " UPDATE idempotency.outbox o"
 "    SET status = CASE WHEN " IDEM_OUTBOX_LOST_LEASE_IS_LAST
@@ -347,8 +349,29 @@ idem_reap(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(total);
 }
 
+/*
+ * maint_deadline
+ *		Under a statement_timeout, the time "fifths" fifths of it after the
+ *		statement started (for idem_maintain, the CALL, across its COMMITs):
+ *		where the sweep (two fifths) and the lease recovery (three) stop
+ *		starting work, so that the run ends instead of being canceled with
+ *		its work rolled back; idem_maintain's batches stop at four.  0 when
+ *		there is no timeout.
+ */
+static TimestampTz
+maint_deadline(int fifths)
+{
+	if (StatementTimeout <= 0)
+		return 0;
+	return GetCurrentStatementStartTimestamp() +
+		(TimestampTz) StatementTimeout * 200 * fifths;
+}
+
 /* The pages a sweep under a statement_timeout reads between two looks at the clock. */
 #define SWEEP_CHUNK_PAGES 256
+
+/* The expired leases one statement of idem_reclaim_leases returns. */
+#define RECLAIM_BATCH 1000
 
 /* A tid Datum for the first item of page "page" (clamped to a block number). */
 static Datum
@@ -419,7 +442,7 @@ sweep_slices(Oid *argtypes, Datum *values, char *nulls, int64 *total)
 	int			npasses = idem_citus_passes();
 	int			pass;
 	int			ret;
-	TimestampTz deadline = 0;
+	TimestampTz deadline = maint_deadline(2);
 	bool		stopped = false;
 
 	statevalues[0] = Int32GetDatum(IDEM_SWEEP_DEFAULT_PAGES);
@@ -442,16 +465,9 @@ sweep_slices(Oid *argtypes, Datum *values, char *nulls, int64 *total)
 
 	/*
 	 * Under a statement_timeout, read in chunks and stop starting them at
-	 * two fifths of it, counted from the statement's start (for
-	 * idem_maintain, the CALL's), so that the run ends, and moves the
-	 * cursor, instead of being canceled with its work rolled back; the
-	 * first chunk is always read, so every run advances.  idem_maintain
-	 * stops starting batches at four fifths: the other half of its time is
-	 * theirs.
+	 * the deadline (maint_deadline), so that the run ends and moves the
+	 * cursor; the first chunk is always read, so every run advances.
 	 */
-	if (StatementTimeout > 0)
-		deadline = GetCurrentStatementStartTimestamp() +
-			(TimestampTz) StatementTimeout * 400;
 	for (pass = 0; pass < npasses && left > 0 && next < all && !stopped; pass++)
 	{
 		int64		from;
@@ -570,18 +586,30 @@ idem_sweep(PG_FUNCTION_ARGS)
  *		SQL: idem_reclaim_leases() RETURNS bigint
  *
  * Returns outbox rows whose lease has expired to pending, counting the
- * lost attempt (dead when that was the last one), and clears the lease.  Row locks: those rows;
- * rows a worker is acknowledging right now are skipped.
+ * lost attempt (dead when that was the last one), and clears the lease, in
+ * batches of RECLAIM_BATCH rows, the longest expired first, until none is
+ * left; under a statement_timeout it stops starting batches at three
+ * fifths of it (maint_deadline), after one batch at least.  Row locks:
+ * those rows; rows a worker is acknowledging right now are skipped.
  */
 Datum
 idem_reclaim_leases(PG_FUNCTION_ARGS)
 {
-	int64		total;
+	Oid			argtypes[1] = {INT4OID};
+	Datum		values[1];
+	TimestampTz deadline = maint_deadline(3);
+	int64		total = 0;
+	int64		n;
 
 	idem_spi_connect();
-	total = maint_run_passes(&reclaim_plan, reclaim_sql, 0, NULL, NULL, NULL,
-							 0, SPI_OK_UPDATE, IDEM_STAT_NCOUNTERS,
-							 "reclaiming outbox leases");
+	do
+	{
+		n = maint_run_passes(&reclaim_plan, reclaim_sql, 1, argtypes, values,
+							 NULL, RECLAIM_BATCH, SPI_OK_UPDATE,
+							 IDEM_STAT_NCOUNTERS, "reclaiming outbox leases");
+		total += n;
+	} while (n >= RECLAIM_BATCH &&
+			 !(deadline && GetCurrentTimestamp() >= deadline));
 	SPI_finish();
 
 	PG_RETURN_INT64(total);

@@ -211,9 +211,11 @@ BEGIN
     -- the sweep writes, rather than at the first COMMIT after it
     COMMIT;
 
-    -- first what is urgent and small: stuck reservations and lost leases
-    -- (under a statement_timeout the sweep stops at two fifths of it)
+    -- first what is urgent and small: stuck reservations and lost leases,
+    -- each committed on its own (under a statement_timeout the sweep stops
+    -- at two fifths of it, the lease recovery at three)
     swept := idempotency.sweep(NULL::pg_catalog.interval);
+    COMMIT;
     reclaimed := idempotency.reclaim_leases();
     COMMIT;
 

@@ -82,3 +82,28 @@ SELECT pg_temp.outbox_error('SELECT outbox_extend(''obx_l'', 1, gen_random_uuid(
 SELECT pg_temp.outbox_error('SELECT outbox_extend(''obx_l'', 1, gen_random_uuid(), ''100000 years'')');
 
 DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_l';
+
+-- idem_reclaim_leases returns expired leases in batches of 1,000, the
+-- longest expired first, until none is left; under a statement_timeout it
+-- stops starting batches at three fifths of it, after one batch at least,
+-- so that idem_maintain ends instead of being canceled with every run by a
+-- backlog of expired leases.  Here the statement spends 2.5 s of its 4
+-- asleep (its deadline is 2.4 s) before it reclaims.
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
+                                max_attempts, available_at, lease_until,
+                                lease_token, leased_by)
+SELECT 'obx_rcl', 'rcl.topic', jsonb_build_object('n', g), 'leased', 0, 10,
+       timestamptz '2000-01-01' + g * interval '1 second',
+       timestamptz '2000-01-01' + g * interval '1 second',
+       gen_random_uuid(), 'gone-worker'
+  FROM generate_series(1, 2500) g;
+SET statement_timeout = '4s';
+SELECT pg_sleep(2.5) IS NOT NULL AS slept, idem_reclaim_leases() AS reclaimed;
+RESET statement_timeout;
+SELECT status, count(*), min((payload ->> 'n')::int) AS first_n
+  FROM idempotency.outbox WHERE tenant_id = 'obx_rcl' GROUP BY status ORDER BY 1;
+-- without a timeout, the batches go on until none is left
+SELECT idem_reclaim_leases() >= 1500 AS reclaimed_the_rest;
+SELECT status, count(*), max(attempts) AS attempts, max(last_error) AS last_error
+  FROM idempotency.outbox WHERE tenant_id = 'obx_rcl' GROUP BY status ORDER BY 1;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_rcl';

@@ -132,22 +132,27 @@ is($node->safe_psql('postgres',
 	'100 1', 'the run counted in the stats');
 
 # README's job that bounds pg_cron's run history, which grows by a row a
-# run: its command deletes the runs that ended over a week ago, no others
+# run: its command keeps the last 10,080 runs, whatever their times (a
+# run that could not connect has none), and deletes the older ones
 my ($purge_sql) = PostgreSQL::Test::Utils::slurp_file('README.md') =~
   /(SELECT cron\.schedule\('purge-cron-history'.*?\);)/s;
 ok(defined $purge_sql, 'README shows a job that bounds the run history');
 $node->safe_psql('postgres', $purge_sql);
 my $last_run = $node->safe_psql('postgres', 'SELECT max(runid) FROM cron.job_run_details');
+# the first run made older than the last 10,080, as a run that failed to
+# connect is recorded: no start_time, no end_time
 $node->safe_psql('postgres',
-	"UPDATE cron.job_run_details SET end_time = now() - interval '8 days'"
+	"UPDATE cron.job_run_details SET runid = $last_run - 20000, status = 'failed',"
+	  . " return_message = 'connection failed', start_time = NULL, end_time = NULL"
 	  . " WHERE runid = (SELECT min(runid) FROM cron.job_run_details)");
-my $runs_sql = "SELECT count(*) || ' ' || count(*) FILTER (WHERE end_time < now() - interval '7 days')"
+my $runs_sql = "SELECT count(*) || ' ' || count(*) FILTER (WHERE runid < $last_run - 10080)"
   . " FROM cron.job_run_details WHERE runid <= $last_run";
-my ($runs) = split / /, $node->safe_psql('postgres', $runs_sql);
+my ($runs, $old_runs) = split / /, $node->safe_psql('postgres', $runs_sql);
+is($old_runs, '1', 'one run recorded as older than the last 10,080');
 $node->safe_psql('postgres',
 	"DO \$\$BEGIN EXECUTE (SELECT command FROM cron.job WHERE jobname = 'purge-cron-history'); END\$\$");
 is($node->safe_psql('postgres', $runs_sql), ($runs - 1) . ' 0',
-	'its command deletes the run that ended over a week ago, and only that one');
+	'its command deletes that run, and only that one');
 $node->safe_psql('postgres', "SELECT cron.unschedule('purge-cron-history')");
 
 # unschedule: true once, then false; database shop through the hint again
