@@ -162,19 +162,24 @@ static const char *sweep_advance_sql =
  * message goes back to pending, or to the dead letters once that was its
  * last allowed attempt (a message that crashes its worker every time must
  * not circulate for ever).  The dead letter keeps leased_by, to say whose
- * lease it was.  One batch of at most $1 rows, the longest expired first.
+ * lease it was.  One batch of at most $1 rows, the longest expired first,
+ * from lease ends at $2 on (where the last batch ended: the rows it
+ * reclaimed stay in outbox_claim_idx, now pending, and are not read again);
+ * returns how many and the last lease end.
  */
 static const char *reclaim_sql =
 "WITH expired AS ("
-"    SELECT o.ctid AS row_id"
+"    SELECT o.ctid AS row_id, o.available_at"
 "      FROM idempotency.outbox o"
 "     WHERE o.status OPERATOR(pg_catalog.=) 'leased'"
 "       AND o.lease_until OPERATOR(pg_catalog.<) pg_catalog.now()"
 /* a leased row's available_at is its lease end: lets outbox_claim_idx serve */
 "       AND o.available_at OPERATOR(pg_catalog.<) pg_catalog.now()"
+"       AND o.available_at OPERATOR(pg_catalog.>=) $2"
 "     ORDER BY o.available_at"
 "     LIMIT $1"
-"       FOR UPDATE SKIP LOCKED)"
+"       FOR UPDATE SKIP LOCKED),"
+" reclaimed AS ("
 " UPDATE idempotency.outbox o"
 "    SET status = CASE WHEN " IDEM_OUTBOX_LOST_LEASE_IS_LAST
 "                      THEN 'dead' ELSE 'pending' END::idempotency.outbox_status,"
@@ -183,7 +188,10 @@ static const char *reclaim_sql =
 "        leased_by = CASE WHEN " IDEM_OUTBOX_LOST_LEASE_IS_LAST
 "                         THEN o.leased_by END,"
 "        lease_token = NULL, lease_until = NULL"
-"  WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT row_id FROM expired))";
+"  WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT row_id FROM expired))"
+" RETURNING 1)"
+" SELECT (SELECT pg_catalog.count(*) FROM reclaimed),"
+"        (SELECT pg_catalog.max(e.available_at) FROM expired e)";
 
 /*
  * One batch of delivered outbox rows older than the retention ($2), oldest
@@ -595,21 +603,51 @@ idem_sweep(PG_FUNCTION_ARGS)
 Datum
 idem_reclaim_leases(PG_FUNCTION_ARGS)
 {
-	Oid			argtypes[1] = {INT4OID};
-	Datum		values[1];
+	Oid			argtypes[2] = {INT4OID, TIMESTAMPTZOID};
+	Datum		values[2];
 	TimestampTz deadline = maint_deadline(3);
 	int64		total = 0;
-	int64		n;
+	int			npasses = idem_citus_passes();
+	int			first = idem_citus_first_pass(npasses);
+	bool		stopped = false;
 
 	idem_spi_connect();
-	do
+	for (int pass = 0; pass < npasses && !stopped; pass++)
 	{
-		n = maint_run_passes(&reclaim_plan, reclaim_sql, 1, argtypes, values,
-							 NULL, RECLAIM_BATCH, SPI_OK_UPDATE,
-							 IDEM_STAT_NCOUNTERS, "reclaiming outbox leases");
-		total += n;
-	} while (n >= RECLAIM_BATCH &&
-			 !(deadline && GetCurrentTimestamp() >= deadline));
+		TimestampTz from = DT_NOBEGIN;
+
+		for (;;)
+		{
+			bool		isnull;
+			int64		n;
+			int			ret;
+
+			values[0] = Int32GetDatum(RECLAIM_BATCH);
+			values[1] = TimestampTzGetDatum(from);
+			idem_citus_enter((first + pass) % npasses);
+			ret = idem_spi_execute(idem_saved_plan(&reclaim_plan, reclaim_sql,
+												 2, argtypes, 0),
+								   values, NULL, false, 0);
+			if (ret != SPI_OK_SELECT || SPI_processed != 1)
+				elog(ERROR, "reclaiming outbox leases failed: %s",
+					 SPI_result_code_string(ret));
+			n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											SPI_tuptable->tupdesc, 1, &isnull));
+			if (n > 0)
+				from = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0],
+														 SPI_tuptable->tupdesc,
+														 2, &isnull));
+			idem_citus_leave();
+			total += n;
+			if (n < RECLAIM_BATCH)
+				break;
+			if (deadline && GetCurrentTimestamp() >= deadline)
+			{
+				stopped = true;
+				break;
+			}
+		}
+	}
 	SPI_finish();
 
 	PG_RETURN_INT64(total);
