@@ -127,6 +127,16 @@ int			idem_outbox_retention = 7 * 24 * 60 * 60;
 #define OUTBOX_BACKOFF_BASE_SECS 5
 #define OUTBOX_BACKOFF_CAP_SECS 3600
 
+/*
+ * "Now" for leases, due times and delivery times: the start of the calling
+ * statement, as for any statement, or of the transaction when that is later:
+ * a procedure that loops with COMMIT runs every round inside one statement
+ * (its CALL), whose start would make its leases end in the past once it has
+ * run longer than them.  Stable, so a claim's index scan can use it.
+ */
+#define OUTBOX_NOW \
+	"GREATEST(pg_catalog.statement_timestamp(), pg_catalog.now())"
+
 PG_FUNCTION_INFO_V1(idem_outbox_enqueue);
 PG_FUNCTION_INFO_V1(idem_outbox_claim);
 PG_FUNCTION_INFO_V1(idem_outbox_ack);
@@ -303,7 +313,7 @@ static const char *outbox_lock_sql_format =
 "SELECT c.ctid, c.tenant_id, c.id"
 "  FROM idempotency.outbox c"
 " WHERE c.status OPERATOR(pg_catalog.=) ANY ('{pending,leased}'::idempotency.outbox_status[])"
-"   AND c.available_at OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()"
+"   AND c.available_at OPERATOR(pg_catalog.<=) " OUTBOX_NOW
 "   %s%s%s"
 " ORDER BY c.available_at"
 " LIMIT $1"
@@ -328,8 +338,8 @@ static const char *outbox_lock_sql_format =
 "        leased_by = CASE WHEN o.status OPERATOR(pg_catalog.=) 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
 "                         THEN o.leased_by ELSE $1 END," \
 "        lease_until = CASE WHEN o.status OPERATOR(pg_catalog.=) 'leased' AND " IDEM_OUTBOX_LOST_LEASE_IS_LAST \
-"                           THEN NULL ELSE pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) $2 END," \
-"        available_at = pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) $2"
+"                           THEN NULL ELSE " OUTBOX_NOW " OPERATOR(pg_catalog.+) $2 END," \
+"        available_at = " OUTBOX_NOW " OPERATOR(pg_catalog.+) $2"
 
 /*
  * The token expression: idempotency.new_lease_token() (1.1) draws tokens
@@ -373,12 +383,12 @@ static const char *const outbox_lease_sql[2] = {
 "   SET status = 'leased'::idempotency.outbox_status," \
 "       lease_token = " token "," \
 "       leased_by = $1," \
-"       lease_until = pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) $2," \
-"       available_at = pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) $2" \
+"       lease_until = " OUTBOX_NOW " OPERATOR(pg_catalog.+) $2," \
+"       available_at = " OUTBOX_NOW " OPERATOR(pg_catalog.+) $2" \
 "  FROM (SELECT c.ctid" \
 "          FROM idempotency.outbox c" \
 "         WHERE c.status OPERATOR(pg_catalog.=) ANY ('{pending,leased}'::idempotency.outbox_status[])" \
-"           AND c.available_at OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()" \
+"           AND c.available_at OPERATOR(pg_catalog.<=) " OUTBOX_NOW \
 "           %s%s%s" \
 "         ORDER BY c.available_at" \
 "         LIMIT 1" \
@@ -394,7 +404,7 @@ static const char *const outbox_claim_one_sql_format[2] = {
 
 static const char *outbox_ack_sql =
 "UPDATE idempotency.outbox"
-"   SET status = 'done', done_at = pg_catalog.statement_timestamp(),"
+"   SET status = 'done', done_at = " OUTBOX_NOW ","
 "       provider_ref = $4, lease_until = NULL"
 " WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2"
 "   AND status OPERATOR(pg_catalog.=) 'leased' AND lease_token OPERATOR(pg_catalog.=) $3";
@@ -417,7 +427,7 @@ static const char *outbox_nack_sql =
 "                          OPERATOR(pg_catalog.>=) max_attempts"
 "                THEN 'dead'::idempotency.outbox_status"
 "                ELSE 'pending'::idempotency.outbox_status END,"
-"       available_at = pg_catalog.statement_timestamp()"
+"       available_at = " OUTBOX_NOW
 "           OPERATOR(pg_catalog.+) COALESCE($5, pg_catalog.make_interval(secs =>"
 "                 LEAST(" CppAsString2(OUTBOX_BACKOFF_CAP_SECS) "::pg_catalog.float8,"
 "                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::pg_catalog.float8"
@@ -432,7 +442,7 @@ static const char *outbox_nack_sql =
 static const char *outbox_requeue_sql =
 "UPDATE idempotency.outbox"
 "   SET status = 'pending', attempts = 0,"
-"       available_at = pg_catalog.statement_timestamp(),"
+"       available_at = " OUTBOX_NOW ","
 "       lease_token = NULL, lease_until = NULL"
 " WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2"
 "   AND status OPERATOR(pg_catalog.=) 'dead'"
@@ -445,8 +455,8 @@ static const char *outbox_requeue_sql =
  */
 static const char *outbox_extend_sql =
 "UPDATE idempotency.outbox"
-"   SET lease_until = pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) $4,"
-"       available_at = pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) $4"
+"   SET lease_until = " OUTBOX_NOW " OPERATOR(pg_catalog.+) $4,"
+"       available_at = " OUTBOX_NOW " OPERATOR(pg_catalog.+) $4"
 " WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2"
 "   AND status OPERATOR(pg_catalog.=) 'leased' AND lease_token OPERATOR(pg_catalog.=) $3"
 " RETURNING lease_until";
@@ -460,7 +470,7 @@ static const char *outbox_extend_sql =
  */
 static const char *outbox_ack_many_sql =
 "UPDATE idempotency.outbox o"
-"   SET status = 'done', done_at = pg_catalog.statement_timestamp(),"
+"   SET status = 'done', done_at = " OUTBOX_NOW ","
 "       provider_ref = r.ref, lease_until = NULL"
 "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
 "                  pg_catalog.unnest($4)) AS r(id, token, ref)"
@@ -484,7 +494,7 @@ static const char *outbox_nack_many_sql =
 "                          OPERATOR(pg_catalog.>=) o.max_attempts"
 "                THEN 'dead'::idempotency.outbox_status"
 "                ELSE 'pending'::idempotency.outbox_status END,"
-"       available_at = pg_catalog.statement_timestamp()"
+"       available_at = " OUTBOX_NOW
 "           OPERATOR(pg_catalog.+) COALESCE($5, pg_catalog.make_interval(secs =>"
 "                 LEAST(" CppAsString2(OUTBOX_BACKOFF_CAP_SECS) "::pg_catalog.float8,"
 "                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::pg_catalog.float8"
@@ -507,7 +517,7 @@ static const char *outbox_nack_many_sql =
  */
 static const char *outbox_ack_one_sql =
 "UPDATE idempotency.outbox o"
-"   SET status = 'done', done_at = pg_catalog.statement_timestamp(),"
+"   SET status = 'done', done_at = " OUTBOX_NOW ","
 "       provider_ref = $4, lease_until = NULL"
 " WHERE o.tenant_id OPERATOR(pg_catalog.=) $1 AND o.id OPERATOR(pg_catalog.=) $2"
 "   AND o.status OPERATOR(pg_catalog.=) 'leased'"
@@ -528,7 +538,7 @@ static const char *outbox_nack_one_sql =
 "                          OPERATOR(pg_catalog.>=) o.max_attempts"
 "                THEN 'dead'::idempotency.outbox_status"
 "                ELSE 'pending'::idempotency.outbox_status END,"
-"       available_at = pg_catalog.statement_timestamp()"
+"       available_at = " OUTBOX_NOW
 "           OPERATOR(pg_catalog.+) COALESCE($5, pg_catalog.make_interval(secs =>"
 "                 LEAST(" CppAsString2(OUTBOX_BACKOFF_CAP_SECS) "::pg_catalog.float8,"
 "                       " CppAsString2(OUTBOX_BACKOFF_BASE_SECS) "::pg_catalog.float8"
@@ -2412,7 +2422,8 @@ outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
 		values[outbox_direct.status - 1] = ObjectIdGetDatum(outbox_direct.done);
 		nulls[outbox_direct.status - 1] = false;
 		values[outbox_direct.done_at - 1] =
-			TimestampTzGetDatum(GetCurrentStatementStartTimestamp());
+			TimestampTzGetDatum(Max(GetCurrentStatementStartTimestamp(),
+									GetCurrentTransactionStartTimestamp()));
 		nulls[outbox_direct.done_at - 1] = false;
 		values[outbox_direct.provider_ref - 1] = ref;
 		nulls[outbox_direct.provider_ref - 1] = ref_null;

@@ -107,3 +107,28 @@ SELECT idem_reclaim_leases() >= 1500 AS reclaimed_the_rest;
 SELECT status, count(*), max(attempts) AS attempts, max(last_error) AS last_error
   FROM idempotency.outbox WHERE tenant_id = 'obx_rcl' GROUP BY status ORDER BY 1;
 DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_rcl';
+
+-- A worker written as a procedure that loops with COMMIT runs every round
+-- inside one statement, its CALL: leases count from the start of the
+-- round's transaction when that is later than the CALL's, so a lease
+-- taken or extended after the procedure has run longer than it does not
+-- end in the past (it did: the row went back to another claimer at once).
+SELECT outbox_enqueue('obx_proc', 'proc.topic', '{"n": 1}') IS NOT NULL AS enqueued;
+CREATE PROCEDURE pg_temp.proc_worker(INOUT claimed_lease_ahead bool DEFAULT NULL,
+                                     INOUT extended_lease_ahead bool DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r idempotency.outbox;
+BEGIN
+    PERFORM pg_sleep(1.5);       -- rounds before this one
+    COMMIT;
+    SELECT * INTO r FROM outbox_claim('proc-w', 1, '1 second', tenant => 'obx_proc');
+    claimed_lease_ahead := r.lease_until > clock_timestamp();
+    COMMIT;
+    extended_lease_ahead :=
+        outbox_extend('obx_proc', r.id, r.lease_token, '1 second') > clock_timestamp();
+    COMMIT;
+END
+$$;
+CALL pg_temp.proc_worker();
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_proc';
