@@ -479,7 +479,8 @@ SELECT k.processing,
        ol.outbox_leased,
        od.outbox_dead,
        h.reservations_held,
-       h.oldest_held_age
+       h.oldest_held_age,
+       ol.outbox_expired_leases
   FROM (SELECT pg_catalog.count(*) FILTER (
                    WHERE k.status OPERATOR(pg_catalog.=) 'processing')
                    AS processing,
@@ -514,7 +515,15 @@ SELECT k.processing,
          WHERE o.status OPERATOR(pg_catalog.=) ANY (
                    ARRAY['pending', 'leased']::idempotency.outbox_status[])
            AND o.available_at OPERATOR(pg_catalog.<=) pg_catalog.now()) oa,
-       (SELECT pg_catalog.count(*) AS outbox_leased
+       -- leases still running, and leases that ran out (their worker
+       -- died or hung: due again, until a claim or idem_reclaim_leases
+       -- takes them back)
+       (SELECT pg_catalog.count(*) FILTER (
+                   WHERE o.lease_until OPERATOR(pg_catalog.>=) pg_catalog.now())
+                   AS outbox_leased,
+               pg_catalog.count(*) FILTER (
+                   WHERE o.lease_until OPERATOR(pg_catalog.<) pg_catalog.now())
+                   AS outbox_expired_leases
           FROM idempotency.outbox o
          WHERE o.status OPERATOR(pg_catalog.=) 'leased') ol,
        (SELECT pg_catalog.count(*) AS outbox_dead

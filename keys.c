@@ -1630,7 +1630,7 @@ reserve_insert(Datum *values)
  * written.  This is the one write of a new key, so its cost is the cost
  * of a request; an INSERT through SPI spends as much again starting the
  * executor.  Only for the table as the extension creates it, or with
- * more plain indexes: a column, trigger, CHECK constraint, NOT NULL or
+ * more plain indexes: a column, trigger, rule, CHECK constraint, NOT NULL or
  * default on a column the row leaves null, row security
  * policy or an index with expressions, a predicate, an exclusion or a
  * deferred uniqueness that it does not know makes it return false, and the
@@ -1665,6 +1665,7 @@ keys_insert_row(Datum *colvalues, bool *colnulls)
 		heap->rd_rel->relam != HEAP_TABLE_AM_OID ||
 		heap->rd_rel->relrowsecurity ||
 		heap->trigdesc != NULL ||
+		heap->rd_rel->relhasrules ||
 		(desc->constr != NULL &&
 		 (desc->constr->num_check > 0 || desc->constr->has_generated_stored)))
 	{

@@ -48,6 +48,7 @@
 #include "storage/bufmgr.h"
 #include "storage/itemptr.h"
 #include "storage/proc.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
@@ -157,29 +158,43 @@ static const char *sweep_advance_sql =
 #define IDEM_SWEEP_DEFAULT_PAGES 16384
 
 /*
+ * The due rows of the outbox in available_at order, through
+ * outbox_claim_idx (pending rows, and leased rows, whose available_at is
+ * their lease end), each with whether its lease has expired.
+ * idem_reclaim_leases reads them through a cursor, RECLAIM_FETCH at a time,
+ * so that under a deadline it stops between two fetches even behind a
+ * backlog of due pending rows, which sit among the leases in that index
+ * (workers stopped: millions).  The cursor's snapshot does not see the
+ * versions the reclaim writes, so each row is read once.
+ */
+static const char *reclaim_scan_sql =
+"SELECT o.ctid,"
+"       o.status OPERATOR(pg_catalog.=) 'leased'"
+"       AND o.lease_until OPERATOR(pg_catalog.<) pg_catalog.now()"
+"  FROM idempotency.outbox o"
+" WHERE o.status OPERATOR(pg_catalog.=) ANY ('{pending,leased}'::idempotency.outbox_status[])"
+"   AND o.available_at OPERATOR(pg_catalog.<) pg_catalog.now()"
+" ORDER BY o.available_at";
+
+/*
  * Expired outbox leases: the worker died or hung.  As outbox_claim does when
  * it meets such a row, the lost lease counts as a failed attempt: the
  * message goes back to pending, or to the dead letters once that was its
  * last allowed attempt (a message that crashes its worker every time must
  * not circulate for ever).  The dead letter keeps leased_by, to say whose
- * lease it was.  One batch of at most $1 rows, the longest expired first,
- * from lease ends at $2 on (where the last batch ended: the rows it
- * reclaimed stay in outbox_claim_idx, now pending, and are not read again);
- * returns how many and the last lease end.
+ * lease it was.  $1: the rows reclaim_scan_sql found expired, checked
+ * again on their current version (a worker may have acknowledged or
+ * extended one since); rows a worker is acknowledging right now are
+ * skipped.  Returns how many were reclaimed.
  */
 static const char *reclaim_sql =
 "WITH expired AS ("
-"    SELECT o.ctid AS row_id, o.available_at"
+"    SELECT o.ctid AS row_id"
 "      FROM idempotency.outbox o"
-"     WHERE o.status OPERATOR(pg_catalog.=) 'leased'"
+"     WHERE o.ctid OPERATOR(pg_catalog.=) ANY ($1)"
+"       AND o.status OPERATOR(pg_catalog.=) 'leased'"
 "       AND o.lease_until OPERATOR(pg_catalog.<) pg_catalog.now()"
-/* a leased row's available_at is its lease end: lets outbox_claim_idx serve */
-"       AND o.available_at OPERATOR(pg_catalog.<) pg_catalog.now()"
-"       AND o.available_at OPERATOR(pg_catalog.>=) $2"
-"     ORDER BY o.available_at"
-"     LIMIT $1"
-"       FOR UPDATE SKIP LOCKED),"
-" reclaimed AS ("
+"       FOR UPDATE SKIP LOCKED)"
 " UPDATE idempotency.outbox o"
 "    SET status = CASE WHEN " IDEM_OUTBOX_LOST_LEASE_IS_LAST
 "                      THEN 'dead' ELSE 'pending' END::idempotency.outbox_status,"
@@ -188,10 +203,7 @@ static const char *reclaim_sql =
 "        leased_by = CASE WHEN " IDEM_OUTBOX_LOST_LEASE_IS_LAST
 "                         THEN o.leased_by END,"
 "        lease_token = NULL, lease_until = NULL"
-"  WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT row_id FROM expired))"
-" RETURNING 1)"
-" SELECT (SELECT pg_catalog.count(*) FROM reclaimed),"
-"        (SELECT pg_catalog.max(e.available_at) FROM expired e)";
+"  WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT row_id FROM expired))";
 
 /*
  * One batch of delivered outbox rows older than the retention ($2), oldest
@@ -224,6 +236,7 @@ static SPIPlanPtr sweep_plan = NULL;
 static SPIPlanPtr sweep_slice_plan = NULL;
 static SPIPlanPtr sweep_state_plan = NULL;
 static SPIPlanPtr sweep_advance_plan = NULL;
+static SPIPlanPtr reclaim_scan_plan = NULL;
 static SPIPlanPtr reclaim_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
 static SPIPlanPtr schedule_plan = NULL;
@@ -363,16 +376,31 @@ idem_reap(PG_FUNCTION_ARGS)
  *		statement started (for idem_maintain, the CALL, across its COMMITs):
  *		where the sweep (two fifths) and the lease recovery (three) stop
  *		starting work, so that the run ends instead of being canceled with
- *		its work rolled back; idem_maintain's batches stop at four.  0 when
- *		there is no timeout.
+ *		its work rolled back; idem_maintain's batches stop at four.  Under a
+ *		transaction_timeout (17 and later), which ends the session, the
+ *		same fifths of it after the transaction started, when that comes
+ *		first (each step of idem_maintain is a transaction of its own).  0
+ *		when there is no timeout.
  */
 static TimestampTz
 maint_deadline(int fifths)
 {
-	if (StatementTimeout <= 0)
-		return 0;
-	return GetCurrentStatementStartTimestamp() +
-		(TimestampTz) StatementTimeout * 200 * fifths;
+	TimestampTz deadline = 0;
+
+	if (StatementTimeout > 0)
+		deadline = GetCurrentStatementStartTimestamp() +
+			(TimestampTz) StatementTimeout * 200 * fifths;
+#if PG_VERSION_NUM >= 170000
+	if (TransactionTimeout > 0)
+	{
+		TimestampTz xact_deadline = GetCurrentTransactionStartTimestamp() +
+			(TimestampTz) TransactionTimeout * 200 * fifths;
+
+		if (deadline == 0 || xact_deadline < deadline)
+			deadline = xact_deadline;
+	}
+#endif
+	return deadline;
 }
 
 /* The pages a sweep under a statement_timeout reads between two looks at the clock. */
@@ -380,6 +408,9 @@ maint_deadline(int fifths)
 
 /* The expired leases one statement of idem_reclaim_leases returns. */
 #define RECLAIM_BATCH 1000
+
+/* The due rows idem_reclaim_leases reads between two looks at the clock. */
+#define RECLAIM_FETCH 1000
 
 /* A tid Datum for the first item of page "page" (clamped to a block number). */
 static Datum
@@ -590,65 +621,113 @@ idem_sweep(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Reclaim the expired leases at "tids" (reclaim_sql); returns how many.
+ */
+static int64
+reclaim_batch(ItemPointerData *tids, int ntids)
+{
+	Oid			argtypes[1] = {TIDARRAYOID};
+	Datum		values[1];
+	Datum	   *elems = (Datum *) palloc(sizeof(Datum) * ntids);
+	int			ret;
+
+	for (int i = 0; i < ntids; i++)
+		elems[i] = PointerGetDatum(&tids[i]);
+	values[0] = PointerGetDatum(construct_array(elems, ntids, TIDOID,
+												sizeof(ItemPointerData),
+												false, TYPALIGN_SHORT));
+	ret = idem_spi_execute(idem_saved_plan(&reclaim_plan, reclaim_sql,
+										 1, argtypes, 0),
+						   values, NULL, false, 0);
+	if (ret != SPI_OK_UPDATE)
+		elog(ERROR, "reclaiming outbox leases failed: %s",
+			 SPI_result_code_string(ret));
+	pfree(DatumGetPointer(values[0]));
+	pfree(elems);
+	return (int64) SPI_processed;
+}
+
+/*
  * idem_reclaim_leases
  *		SQL: idem_reclaim_leases() RETURNS bigint
  *
  * Returns outbox rows whose lease has expired to pending, counting the
  * lost attempt (dead when that was the last one), and clears the lease, in
- * batches of RECLAIM_BATCH rows, the longest expired first, until none is
- * left; under a statement_timeout it stops starting batches at three
- * fifths of it (maint_deadline), after one batch at least.  Row locks:
- * those rows; rows a worker is acknowledging right now are skipped.
+ * batches of RECLAIM_BATCH rows, the longest expired first.  The due rows
+ * are read through a cursor (reclaim_scan_sql), RECLAIM_FETCH at a time:
+ * under a statement_timeout the call stops fetching at three fifths of it
+ * (maint_deadline), after one fetch at least, and reclaims what it found,
+ * however many due pending rows lie ahead of the leases.  Row locks: those
+ * rows; rows a worker is acknowledging right now are skipped.
  */
 Datum
 idem_reclaim_leases(PG_FUNCTION_ARGS)
 {
-	Oid			argtypes[2] = {INT4OID, TIMESTAMPTZOID};
-	Datum		values[2];
 	TimestampTz deadline = maint_deadline(3);
 	int64		total = 0;
 	int			npasses = idem_citus_passes();
 	int			first = idem_citus_first_pass(npasses);
 	bool		stopped = false;
+	ItemPointerData *expired;
 
+	expired = (ItemPointerData *) palloc(sizeof(ItemPointerData) * RECLAIM_BATCH);
 	idem_spi_connect();
 	for (int pass = 0; pass < npasses && !stopped; pass++)
 	{
-		TimestampTz from = DT_NOBEGIN;
+		Portal		cursor;
+		int			nexpired = 0;
+		bool		done = false;
 
-		for (;;)
+		idem_citus_enter((first + pass) % npasses);
+		cursor = SPI_cursor_open(NULL,
+								 idem_saved_plan(&reclaim_scan_plan,
+												 reclaim_scan_sql, 0, NULL,
+												 CURSOR_OPT_FAST_PLAN |
+												 CURSOR_OPT_NO_SCROLL),
+								 NULL, NULL, false);
+		while (!done)
 		{
-			bool		isnull;
-			int64		n;
-			int			ret;
+			SPITupleTable *fetched;
+			uint64		nfetched;
 
-			values[0] = Int32GetDatum(RECLAIM_BATCH);
-			values[1] = TimestampTzGetDatum(from);
-			idem_citus_enter((first + pass) % npasses);
-			ret = idem_spi_execute(idem_saved_plan(&reclaim_plan, reclaim_sql,
-												 2, argtypes, 0),
-								   values, NULL, false, 0);
-			if (ret != SPI_OK_SELECT || SPI_processed != 1)
-				elog(ERROR, "reclaiming outbox leases failed: %s",
-					 SPI_result_code_string(ret));
-			n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-											SPI_tuptable->tupdesc, 1, &isnull));
-			if (n > 0)
-				from = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0],
-														 SPI_tuptable->tupdesc,
-														 2, &isnull));
-			idem_citus_leave();
-			total += n;
-			if (n < RECLAIM_BATCH)
-				break;
-			if (deadline && GetCurrentTimestamp() >= deadline)
+			SPI_cursor_fetch(cursor, true, RECLAIM_FETCH);
+			fetched = SPI_tuptable;
+			nfetched = SPI_processed;
+			done = nfetched < RECLAIM_FETCH;
+			for (uint64 i = 0; i < nfetched; i++)
+			{
+				bool		isnull;
+				Datum		lapsed = SPI_getbinval(fetched->vals[i],
+												   fetched->tupdesc, 2,
+												   &isnull);
+
+				Datum		tid;
+
+				if (isnull || !DatumGetBool(lapsed))
+					continue;
+				tid = SPI_getbinval(fetched->vals[i], fetched->tupdesc, 1,
+									&isnull);
+				expired[nexpired++] = *(ItemPointer) DatumGetPointer(tid);
+				if (nexpired == RECLAIM_BATCH)
+				{
+					total += reclaim_batch(expired, nexpired);
+					nexpired = 0;
+				}
+			}
+			SPI_freetuptable(fetched);
+			if (!done && deadline && GetCurrentTimestamp() >= deadline)
 			{
 				stopped = true;
-				break;
+				done = true;
 			}
 		}
+		if (nexpired > 0)
+			total += reclaim_batch(expired, nexpired);
+		SPI_cursor_close(cursor);
+		idem_citus_leave();
 	}
 	SPI_finish();
+	pfree(expired);
 
 	PG_RETURN_INT64(total);
 }

@@ -645,6 +645,7 @@ typedef struct OutboxDirectIndex
 	ExprState  *predicate;		/* NULL: not a partial index */
 	bool		unique;
 	bool		unchanged;		/* no key column is one the ack sets */
+	bool		claim_unchanged;	/* no key column is one a claim sets */
 } OutboxDirectIndex;
 
 typedef struct OutboxDirect
@@ -657,7 +658,17 @@ typedef struct OutboxDirect
 	AttrNumber	done_at;
 	AttrNumber	provider_ref;
 	AttrNumber	lease_until;
-	Oid			leased;			/* enum values of status */
+	AttrNumber	leased_by;		/* what outbox_claim_direct reads or sets */
+	AttrNumber	available_at;
+	AttrNumber	tenant_id;
+	AttrNumber	id;
+	AttrNumber	ordering_key;
+	bool		claim_usable;	/* no CHECK on a column a claim sets */
+	Oid			claim_idx;		/* outbox_claim_idx (available_at) */
+	Oid			topic_claim_idx;	/* (topic, available_at) */
+	Oid			tenant_claim_idx;	/* (tenant_id, available_at) */
+	Oid			pending;		/* enum values of status */
+	Oid			leased;
 	Oid			done;
 	Oid			pkey;
 	int			nindexes;
@@ -844,42 +855,37 @@ ordering_head_lookup(Relation heap)
 	ordering_head_heap = relid;
 }
 
-PG_FUNCTION_INFO_V1(idem_outbox_ordering_head);
-
-Datum
-idem_outbox_ordering_head(PG_FUNCTION_ARGS)
+/*
+ * Whether the row "id" of "tenant" and "ordering_key" in the outbox
+ * "heap" (opened) heads its key in "snapshot": no row of that tenant and
+ * key with a smaller id is pending, leased or dead.
+ */
+static bool
+outbox_ordering_is_head(Relation heap, Datum tenant, Datum ordering_key,
+						Datum id, Snapshot snapshot)
 {
-	Oid			relid = PG_GETARG_OID(0);
-	Relation	heap;
 	Relation	index;
 	ScanKeyData skey[3];
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	bool		earlier = false;
-	AclResult	aclresult;
 
 	/* registers the relcache callback that clears the cache below */
 	(void) outbox_catalog();
-	aclresult = pg_class_aclcheck(relid, GetUserId(), ACL_SELECT);
-	if (aclresult != ACLCHECK_OK)
-		aclcheck_error(aclresult, OBJECT_TABLE, get_rel_name(relid));
-	heap = table_open(relid, AccessShareLock);
-	if (ordering_head_heap != relid)
+	if (ordering_head_heap != RelationGetRelid(heap))
 		ordering_head_lookup(heap);
 	index = index_open(ordering_head_index, AccessShareLock);
 	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
-						   index->rd_indcollation[0], F_TEXTEQ,
-						   PG_GETARG_DATUM(1));
+						   index->rd_indcollation[0], F_TEXTEQ, tenant);
 	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
-						   index->rd_indcollation[1], F_TEXTEQ,
-						   PG_GETARG_DATUM(2));
+						   index->rd_indcollation[1], F_TEXTEQ, ordering_key);
 	ScanKeyEntryInitialize(&skey[2], 0, 3, BTLessStrategyNumber, InvalidOid,
-						   InvalidOid, F_INT8LT, PG_GETARG_DATUM(3));
+						   InvalidOid, F_INT8LT, id);
 	slot = table_slot_create(heap, NULL);
 #if PG_VERSION_NUM >= 180000
-	scan = index_beginscan(heap, index, GetActiveSnapshot(), NULL, 3, 0);
+	scan = index_beginscan(heap, index, snapshot, NULL, 3, 0);
 #else
-	scan = index_beginscan(heap, index, GetActiveSnapshot(), 3, 0);
+	scan = index_beginscan(heap, index, snapshot, 3, 0);
 #endif
 	index_rescan(scan, skey, 3, NULL, 0);
 	while (!earlier && index_getnext_slot(scan, ForwardScanDirection, slot))
@@ -897,8 +903,28 @@ idem_outbox_ordering_head(PG_FUNCTION_ARGS)
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
 	index_close(index, NoLock);
+	return !earlier;
+}
+
+PG_FUNCTION_INFO_V1(idem_outbox_ordering_head);
+
+Datum
+idem_outbox_ordering_head(PG_FUNCTION_ARGS)
+{
+	Oid			relid = PG_GETARG_OID(0);
+	Relation	heap;
+	bool		head;
+	AclResult	aclresult;
+
+	aclresult = pg_class_aclcheck(relid, GetUserId(), ACL_SELECT);
+	if (aclresult != ACLCHECK_OK)
+		aclcheck_error(aclresult, OBJECT_TABLE, get_rel_name(relid));
+	heap = table_open(relid, AccessShareLock);
+	head = outbox_ordering_is_head(heap, PG_GETARG_DATUM(1),
+								   PG_GETARG_DATUM(2), PG_GETARG_DATUM(3),
+								   GetActiveSnapshot());
 	table_close(heap, NoLock);
-	PG_RETURN_BOOL(!earlier);
+	PG_RETURN_BOOL(head);
 }
 
 /* ----------------------------------------------------------------
@@ -1666,6 +1692,10 @@ outbox_claim_args(FunctionCallInfo fcinfo, char **worker, int32 *batch,
 		*tenant = (char *) idem_effective_tenant();
 }
 
+#define OUTBOX_CLAIM_NO_DIRECT (-1)
+static int	outbox_claim_direct(const char *worker, Interval *lease,
+								Datum topics, const char *tenant,
+								TupleDesc tupdesc, Tuplestorestate *tupstore);
 static void outbox_claim_emit(TupleDesc source, HeapTuple *ordered, uint64 n,
 							  TupleDesc tupdesc, Tuplestorestate *tupstore);
 
@@ -2018,6 +2048,13 @@ idem_outbox_claim_body(FunctionCallInfo fcinfo)
 	tupstore = rsinfo->setResult;
 	tupdesc = rsinfo->setDesc;
 
+	/* one row, on the table as the extension makes it: without the executor */
+	if (batch == 1 &&
+		outbox_claim_direct(worker, lease,
+							PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3),
+							tenant, tupdesc, tupstore) != OUTBOX_CLAIM_NO_DIRECT)
+		return (Datum) 0;
+
 	idem_spi_connect();
 	npasses = idem_citus_passes();
 	first = idem_citus_first_pass(npasses);
@@ -2095,13 +2132,16 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
  * Under REPEATABLE READ and SERIALIZABLE it raises the serialization
  * failure the UPDATE would raise.
  *
- * Only for the table as the extension creates it: no trigger, row
+ * With outbox_retention = 0 the ack deletes the row the same way, with
+ * table_tuple_delete (a deleted row needs no index entry).
+ *
+ * Only for the table as the extension creates it: no trigger, rule, row
  * security, partition or Citus, only B-tree indexes on columns, no
  * exclusion or deferred constraint, no CHECK constraint on a column the
  * ack changes (the ack leaves the others as they are, so theirs still
  * hold), no NOT NULL on one it may set to null, and no generated column;
- * and only in a transaction that may write.  Anything else, and
- * outbox_retention = 0 (the ack deletes), goes through the SPI statement.
+ * and only in a transaction that may write.  Anything else goes through
+ * the SPI statement.
  */
 #define OUTBOX_ACK_NO_DIRECT 0		/* use the SPI statement */
 #define OUTBOX_ACK_DONE 1
@@ -2126,6 +2166,35 @@ outbox_has_generated(TupleDesc desc)
 }
 
 /*
+ * The index "name" of "heap" (idempotency.outbox), if it is a valid B-tree
+ * on (col1, col2), or (col2) when col1 is NULL, without expressions; else
+ * InvalidOid.  outbox_claim_direct reads the claim indexes by name.
+ */
+static Oid
+outbox_direct_claim_index(Relation heap, const char *name, const char *col1,
+						  const char *col2)
+{
+	Oid			relid = RelationGetRelid(heap);
+	Oid			indexid = get_relname_relid(name, RelationGetNamespace(heap));
+	Relation	index;
+	bool		match;
+	int			ncols = col1 == NULL ? 1 : 2;
+
+	if (!OidIsValid(indexid))
+		return InvalidOid;
+	index = index_open(indexid, AccessShareLock);
+	match = index->rd_index->indrelid == relid &&
+		index->rd_rel->relam == BTREE_AM_OID &&
+		index->rd_index->indisvalid &&
+		index->rd_index->indnkeyatts == ncols &&
+		RelationGetIndexExpressions(index) == NIL &&
+		index->rd_index->indkey.values[ncols - 1] == get_attnum(relid, col2) &&
+		(col1 == NULL || index->rd_index->indkey.values[0] == get_attnum(relid, col1));
+	index_close(index, AccessShareLock);
+	return match ? indexid : InvalidOid;
+}
+
+/*
  * Whether the ack may update "heap" (idempotency.outbox, opened) directly;
  * fills outbox_direct, with what inserting a new version into each index
  * needs (its IndexInfo and prepared predicate), kept until the next
@@ -2139,6 +2208,7 @@ outbox_direct_check(Relation heap)
 	Oid			relid = RelationGetRelid(heap);
 	Oid			status_type;
 	Bitmapset  *changed = NULL;
+	Bitmapset  *claim_changed = NULL;
 	List	   *indexes;
 	ListCell   *lc;
 	bool		usable;
@@ -2161,6 +2231,19 @@ outbox_direct_check(Relation heap)
 	outbox_direct.done_at = get_attnum(relid, "done_at");
 	outbox_direct.provider_ref = get_attnum(relid, "provider_ref");
 	outbox_direct.lease_until = get_attnum(relid, "lease_until");
+	outbox_direct.leased_by = get_attnum(relid, "leased_by");
+	outbox_direct.available_at = get_attnum(relid, "available_at");
+	outbox_direct.tenant_id = get_attnum(relid, "tenant_id");
+	outbox_direct.id = get_attnum(relid, "id");
+	outbox_direct.ordering_key = get_attnum(relid, "ordering_key");
+	outbox_direct.claim_idx = outbox_direct_claim_index(heap, "outbox_claim_idx",
+														NULL, "available_at");
+	outbox_direct.topic_claim_idx =
+		outbox_direct_claim_index(heap, "outbox_topic_claim_idx", "topic",
+								  "available_at");
+	outbox_direct.tenant_claim_idx =
+		outbox_direct_claim_index(heap, "outbox_tenant_claim_idx", "tenant_id",
+								  "available_at");
 #if PG_VERSION_NUM >= 180000
 	outbox_direct.pkey = RelationGetPrimaryKeyIndex(heap, false);
 #else
@@ -2180,6 +2263,7 @@ outbox_direct_check(Relation heap)
 		!heap->rd_rel->relispartition &&
 		!heap->rd_rel->relrowsecurity &&
 		heap->trigdesc == NULL &&
+		!heap->rd_rel->relhasrules &&
 		!outbox_has_generated(desc) &&
 		!OidIsValid(get_relname_relid("pg_dist_partition",
 									  PG_CATALOG_NAMESPACE));
@@ -2191,8 +2275,47 @@ outbox_direct_check(Relation heap)
 		changed = bms_add_member(changed, outbox_direct.lease_until);
 
 		status_type = TupleDescAttr(desc, outbox_direct.status - 1)->atttypid;
+		outbox_direct.pending = idem_enum_label_oid(status_type, "pending");
 		outbox_direct.leased = idem_enum_label_oid(status_type, "leased");
 		outbox_direct.done = idem_enum_label_oid(status_type, "done");
+	}
+
+	/*
+	 * outbox_claim_direct: the columns it reads and sets, and its indexes;
+	 * a CHECK constraint on a column it sets leaves claims to the executor
+	 */
+	outbox_direct.claim_usable = usable &&
+		outbox_direct.leased_by != InvalidAttrNumber &&
+		outbox_direct.available_at != InvalidAttrNumber &&
+		outbox_direct.tenant_id != InvalidAttrNumber &&
+		outbox_direct.id != InvalidAttrNumber &&
+		outbox_direct.ordering_key != InvalidAttrNumber &&
+		OidIsValid(outbox_direct.claim_idx) &&
+		OidIsValid(outbox_direct.topic_claim_idx) &&
+		OidIsValid(outbox_direct.tenant_claim_idx);
+	if (outbox_direct.claim_usable)
+	{
+		claim_changed = bms_add_member(claim_changed, outbox_direct.status);
+		claim_changed = bms_add_member(claim_changed, outbox_direct.lease_token);
+		claim_changed = bms_add_member(claim_changed, outbox_direct.leased_by);
+		claim_changed = bms_add_member(claim_changed, outbox_direct.lease_until);
+		claim_changed = bms_add_member(claim_changed, outbox_direct.available_at);
+	}
+	for (int i = 0; outbox_direct.claim_usable && desc->constr != NULL &&
+		 i < desc->constr->num_check; i++)
+	{
+		Bitmapset  *attrs = NULL;
+		int			attr = -1;
+
+		pull_varattnos(stringToNode(desc->constr->check[i].ccbin), 1, &attrs);
+		while (outbox_direct.claim_usable &&
+			   (attr = bms_next_member(attrs, attr)) >= 0)
+		{
+			AttrNumber	attnum = attr + FirstLowInvalidHeapAttributeNumber;
+
+			if (attnum <= 0 || bms_is_member(attnum, claim_changed))
+				outbox_direct.claim_usable = false;
+		}
 	}
 
 	/* a CHECK constraint on a column the ack changes: the executor checks */
@@ -2243,9 +2366,14 @@ outbox_direct_check(Relation heap)
 						 NULL);
 		entry->unique = index->rd_index->indisunique;
 		entry->unchanged = true;
+		entry->claim_unchanged = true;
 		for (int a = 0; a < info->ii_NumIndexAttrs; a++)
+		{
 			if (bms_is_member(info->ii_IndexAttrNumbers[a], changed))
 				entry->unchanged = false;
+			if (bms_is_member(info->ii_IndexAttrNumbers[a], claim_changed))
+				entry->claim_unchanged = false;
+		}
 		index_close(index, AccessShareLock);
 	}
 	if (usable)
@@ -2254,6 +2382,7 @@ outbox_direct_check(Relation heap)
 
 	outbox_direct.relid = relid;
 	outbox_direct.usable = usable;
+	outbox_direct.claim_usable = outbox_direct.claim_usable && usable;
 	/* an invalidation that came while this was read: read it again next time */
 	outbox_direct.valid = invals == outbox_direct_invals;
 	return usable;
@@ -2265,13 +2394,33 @@ outbox_direct_check(Relation heap)
  * inserts, or whose predicate the version fails, is skipped (and not
  * opened: a done row enters only the primary key and outbox_done_idx, and
  * outbox_dedup_idx when it has a dedup_key).  "pkey" is open already.
- * "summarizing_only": the table AM kept the update HOT for the others.
+ * "update_indexes": what table_tuple_update said of them (none when the
+ * update was HOT; on 16 and later, summarizing ones only when it was HOT
+ * for the others).  "claim": the update is a claim's (else an ack's),
+ * which tells the index whether its key columns changed.
  */
+#if PG_VERSION_NUM >= 160000
+typedef TU_UpdateIndexes OutboxUpdateIndexes;
+#else
+typedef bool OutboxUpdateIndexes;
+#endif
+
 static void
 outbox_direct_index(Relation heap, Relation pkey, TupleTableSlot *slot,
-					bool summarizing_only)
+					OutboxUpdateIndexes update_indexes, bool claim)
 {
 	ExprContext *econtext = outbox_direct.econtext;
+#if PG_VERSION_NUM >= 160000
+	bool		summarizing_only = update_indexes == TU_Summarizing;
+
+	if (update_indexes == TU_None)
+		return;
+#else
+	bool		summarizing_only = false;
+
+	if (!update_indexes)
+		return;
+#endif
 
 	econtext->ecxt_scantuple = slot;
 	for (int i = 0; i < outbox_direct.nindexes; i++)
@@ -2287,7 +2436,6 @@ outbox_direct_index(Relation heap, Relation pkey, TupleTableSlot *slot,
 		if (summarizing_only && !entry->info->ii_Summarizing)
 			continue;
 #else
-		Assert(!summarizing_only);
 		(void) summarizing_only;
 #endif
 		if (entry->predicate != NULL && !ExecQual(entry->predicate, econtext))
@@ -2297,7 +2445,8 @@ outbox_direct_index(Relation heap, Relation pkey, TupleTableSlot *slot,
 		FormIndexDatum(entry->info, slot, NULL, values, isnull);
 		(void) index_insert(index, values, isnull, &slot->tts_tid, heap,
 							entry->unique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
-							entry->unchanged, entry->info);
+							claim ? entry->claim_unchanged : entry->unchanged,
+							entry->info);
 		if (index != pkey)
 			index_close(index, NoLock);
 	}
@@ -2305,13 +2454,79 @@ outbox_direct_index(Relation heap, Relation pkey, TupleTableSlot *slot,
 }
 
 /*
- * outbox_ack for a kept row, directly (see above): returns OUTBOX_ACK_DONE,
+ * idempotency.outbox, opened (RowExclusiveLock) for a direct ack, or a
+ * direct claim when "claim", with outbox_direct current; NULL when the
+ * table is not one these may write (the caller runs its statement).
+ */
+static Relation
+outbox_direct_open(bool claim)
+{
+	Relation	heap;
+
+	/* registers the relcache callback that clears outbox_direct */
+	(void) outbox_catalog();
+	if (outbox_direct.valid &&
+		!(claim ? outbox_direct.claim_usable : outbox_direct.usable))
+		return NULL;
+	if (!outbox_direct.valid)
+	{
+		Oid			nsp = get_namespace_oid("idempotency", false);
+
+		outbox_direct.relid = get_relname_relid("outbox", nsp);
+		if (!OidIsValid(outbox_direct.relid))
+			return NULL;
+	}
+	/* locking processes invalidations: check again once the table is ours */
+	heap = table_open(outbox_direct.relid, RowExclusiveLock);
+	if (!outbox_direct.valid)
+		(void) outbox_direct_check(heap);
+	if (!(claim ? outbox_direct.claim_usable : outbox_direct.usable))
+	{
+		table_close(heap, NoLock);
+		return NULL;
+	}
+	return heap;
+}
+
+/*
+ * After a direct update or delete that failed with "res": true when a
+ * concurrent transaction changed or deleted the row and the ack, under
+ * READ COMMITTED, should check the fence again on what it left (as
+ * EvalPlanQual would); the serialization failure of REPEATABLE READ and
+ * SERIALIZABLE, and the executor's error for a row changed by the same
+ * command, are raised.  False for anything else.
+ */
+static bool
+outbox_direct_retry(TM_Result res, TM_FailureData *tmfd, CommandId cid,
+					int64 id)
+{
+	if (res == TM_Updated || res == TM_Deleted)
+	{
+		if (IsolationUsesXactSnapshot())
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access to outbox row " INT64_FORMAT,
+							id),
+					 errdetail("The row was changed by a transaction that committed after this transaction's snapshot was taken."),
+					 errhint(IDEM_SERIALIZATION_HINT)));
+		return true;
+	}
+	if (res == TM_SelfModified && tmfd->cmax == cid)
+		ereport(ERROR,
+				(errcode(ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION),
+				 errmsg("tuple to be updated was already modified by an operation triggered by the current command")));
+	return false;
+}
+
+/*
+ * outbox_ack directly (see above), marking the row done, or deleting it
+ * when "delete_row" (outbox_retention = 0): returns OUTBOX_ACK_DONE,
  * OUTBOX_ACK_MISS when no row of "tenant" and "id" is leased with "token"
  * (nothing written; the caller explains why), or OUTBOX_ACK_NO_DIRECT.
  */
 static int
 outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
-				  bool ref_null)
+				  bool ref_null, bool delete_row)
 {
 	Relation	heap;
 	Relation	pkey;
@@ -2330,28 +2545,10 @@ outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
 	 */
 	if (XactReadOnly || RecoveryInProgress())
 		return OUTBOX_ACK_NO_DIRECT;
-	/* registers the relcache callback that clears outbox_direct */
-	(void) outbox_catalog();
-	if (outbox_direct.valid && !outbox_direct.usable)
+	heap = outbox_direct_open(false);
+	if (heap == NULL)
 		return OUTBOX_ACK_NO_DIRECT;
-	if (!outbox_direct.valid)
-	{
-		Oid			nsp = get_namespace_oid("idempotency", false);
-
-		outbox_direct.relid = get_relname_relid("outbox", nsp);
-		if (!OidIsValid(outbox_direct.relid))
-			return OUTBOX_ACK_NO_DIRECT;
-	}
-	/* locking processes invalidations: check again once the table is ours */
-	heap = table_open(outbox_direct.relid, RowExclusiveLock);
-	if (!outbox_direct.valid)
-		(void) outbox_direct_check(heap);
-	if (!outbox_direct.usable)
-	{
-		table_close(heap, NoLock);
-		return OUTBOX_ACK_NO_DIRECT;
-	}
-	CheckCmdReplicaIdentity(heap, CMD_UPDATE);
+	CheckCmdReplicaIdentity(heap, delete_row ? CMD_DELETE : CMD_UPDATE);
 	desc = RelationGetDescr(heap);
 
 	pkey = index_open(outbox_direct.pkey, RowExclusiveLock);
@@ -2378,11 +2575,7 @@ outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
 		TM_Result	res;
 		TM_FailureData tmfd;
 		LockTupleMode lockmode;
-#if PG_VERSION_NUM >= 160000
-		TU_UpdateIndexes update_indexes;
-#else
-		bool		update_indexes;
-#endif
+		OutboxUpdateIndexes update_indexes;
 
 		CommandCounterIncrement();
 		cid = GetCurrentCommandId(true);
@@ -2416,6 +2609,24 @@ outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
 			break;
 		}
 
+		if (delete_row)
+		{
+			tid = oldslot->tts_tid;
+			ExecClearTuple(oldslot);
+			res = table_tuple_delete(heap, &tid, cid, snapshot,
+									 InvalidSnapshot, true, &tmfd, false);
+			UnregisterSnapshot(snapshot);
+			if (res == TM_Ok)
+			{
+				result = OUTBOX_ACK_DONE;
+				break;
+			}
+			if (!outbox_direct_retry(res, &tmfd, cid, id))
+				elog(ERROR, "unexpected result %d deleting an outbox row",
+					 (int) res);
+			continue;
+		}
+
 		slot_getallattrs(oldslot);
 		memcpy(values, oldslot->tts_values, desc->natts * sizeof(Datum));
 		memcpy(nulls, oldslot->tts_isnull, desc->natts * sizeof(bool));
@@ -2438,39 +2649,225 @@ outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
 		UnregisterSnapshot(snapshot);
 		if (res == TM_Ok)
 		{
-#if PG_VERSION_NUM >= 160000
-			if (update_indexes != TU_None)
-				outbox_direct_index(heap, pkey, newslot,
-									update_indexes == TU_Summarizing);
-#else
-			if (update_indexes)
-				outbox_direct_index(heap, pkey, newslot, false);
-#endif
+			outbox_direct_index(heap, pkey, newslot, update_indexes, false);
 			result = OUTBOX_ACK_DONE;
 			break;
 		}
-		if (res == TM_Updated || res == TM_Deleted)
-		{
-			if (IsolationUsesXactSnapshot())
-				ereport(ERROR,
-						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-						 errmsg("could not serialize access to outbox row " INT64_FORMAT,
-								id),
-						 errdetail("The row was changed by a transaction that committed after this transaction's snapshot was taken."),
-						 errhint(IDEM_SERIALIZATION_HINT)));
-			/* READ COMMITTED: the fence again, on what the other left */
-			continue;
-		}
-		if (res == TM_SelfModified && tmfd.cmax == cid)
-			ereport(ERROR,
-					(errcode(ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION),
-					 errmsg("tuple to be updated was already modified by an operation triggered by the current command")));
-		elog(ERROR, "unexpected result %d updating an outbox row", (int) res);
+		if (!outbox_direct_retry(res, &tmfd, cid, id))
+			elog(ERROR, "unexpected result %d updating an outbox row",
+				 (int) res);
 	}
 
 	ExecDropSingleTupleTableSlot(oldslot);
 	ExecDropSingleTupleTableSlot(newslot);
 	index_close(pkey, NoLock);
+	table_close(heap, NoLock);
+	return result;
+}
+
+/*
+ * A claim of one row without the executor.
+ *
+ * What outbox_claim_one's statement does, for the common case: the due
+ * rows are read from the claim index the filters choose (by tenant, by
+ * one topic, or all), oldest available_at first, with a fresh snapshot
+ * (READ COMMITTED only); the first pending row that passes the filters
+ * and heads its ordering key is locked without waiting
+ * (table_tuple_lock, LockWaitSkip: a row another transaction holds is
+ * skipped, as SKIP LOCKED does), leased with table_tuple_update, and its
+ * new version inserted into the indexes that take it.  Returns the rows
+ * claimed (0 or 1), or OUTBOX_CLAIM_NO_DIRECT, having written nothing,
+ * when the statements must do it: the table is not as the extension
+ * makes it (see outbox_direct_check), the transaction is read-only or
+ * uses a transaction snapshot, several topics are asked for, the first
+ * candidate is a lease that expired (its lost attempt is counted by the
+ * statements), or a candidate changed after the snapshot (the statement
+ * rechecks the new version).
+ */
+static int
+outbox_claim_direct(const char *worker, Interval *lease, Datum topics,
+					const char *tenant, TupleDesc tupdesc,
+					Tuplestorestate *tupstore)
+{
+	Relation	heap;
+	Relation	index;
+	Relation	pkey;
+	TupleDesc	desc;
+	TupleTableSlot *slot;
+	TupleTableSlot *newslot = NULL;
+	ScanKeyData skey[2];
+	int			nkeys;
+	Oid			indexid;
+	Datum		topic = (Datum) 0;
+	Datum		tenant_datum = (Datum) 0;
+	TimestampTz now;
+	Datum		lease_end;
+	Snapshot	snapshot;
+	IndexScanDesc scan;
+	CommandId	cid;
+	int			result = 0;
+	bool		locked = false;
+	ItemPointerData tid;
+
+	if (XactReadOnly || RecoveryInProgress() || IsolationUsesXactSnapshot() ||
+		!(outbox_catalog() & OUTBOX_HAS_TOKEN_FN))
+		return OUTBOX_CLAIM_NO_DIRECT;
+
+	/*
+	 * A topic and a tenant (named, bound, or idempotency.tenant): either
+	 * index would read the other's backlog (the tenant's due rows of other
+	 * topics, or the topic's of other tenants); the statement's planner
+	 * picks the smaller.
+	 */
+	if (topics != (Datum) 0 && tenant != NULL)
+		return OUTBOX_CLAIM_NO_DIRECT;
+	if (topics != (Datum) 0)
+	{
+		ArrayType  *arr = DatumGetArrayTypeP(topics);
+		bool		isnull;
+
+		if (ARR_NDIM(arr) != 1 || ARR_DIMS(arr)[0] != 1 || ARR_HASNULL(arr))
+			return OUTBOX_CLAIM_NO_DIRECT;
+		topic = array_get_element(PointerGetDatum(arr), 1, &ARR_LBOUND(arr)[0],
+								  -1, -1, false, TYPALIGN_INT, &isnull);
+	}
+	heap = outbox_direct_open(true);
+	if (heap == NULL)
+		return OUTBOX_CLAIM_NO_DIRECT;
+	CheckCmdReplicaIdentity(heap, CMD_UPDATE);
+	desc = RelationGetDescr(heap);
+
+	now = Max(GetCurrentStatementStartTimestamp(),
+			  GetCurrentTransactionStartTimestamp());
+	lease_end = DirectFunctionCall2(timestamptz_pl_interval,
+									TimestampTzGetDatum(now),
+									IntervalPGetDatum(lease));
+
+	/* the index the statement would read: by tenant, by one topic, or all */
+	if (tenant != NULL)
+	{
+		indexid = outbox_direct.tenant_claim_idx;
+		tenant_datum = CStringGetTextDatum(tenant);
+	}
+	else if (topic != (Datum) 0)
+		indexid = outbox_direct.topic_claim_idx;
+	else
+		indexid = outbox_direct.claim_idx;
+	index = index_open(indexid, RowExclusiveLock);
+	nkeys = 0;
+	if (tenant != NULL || topic != (Datum) 0)
+		ScanKeyEntryInitialize(&skey[nkeys++], 0, 1, BTEqualStrategyNumber,
+							   InvalidOid, index->rd_indcollation[0], F_TEXTEQ,
+							   tenant != NULL ? tenant_datum : topic);
+	ScanKeyEntryInitialize(&skey[nkeys], 0, nkeys + 1,
+						   BTLessEqualStrategyNumber, InvalidOid, InvalidOid,
+						   F_TIMESTAMPTZ_LE, TimestampTzGetDatum(now));
+	nkeys++;
+
+	CommandCounterIncrement();
+	cid = GetCurrentCommandId(true);
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	slot = table_slot_create(heap, NULL);
+#if PG_VERSION_NUM >= 180000
+	scan = index_beginscan(heap, index, snapshot, NULL, nkeys, 0);
+#else
+	scan = index_beginscan(heap, index, snapshot, nkeys, 0);
+#endif
+	index_rescan(scan, skey, nkeys, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		Datum		value;
+		TM_Result	res;
+		TM_FailureData tmfd;
+
+		value = slot_getattr(slot, outbox_direct.status, &isnull);
+		if (isnull)
+			continue;
+		if (DatumGetObjectId(value) == outbox_direct.leased)
+		{
+			/* an expired lease: the statements count its lost attempt */
+			result = OUTBOX_CLAIM_NO_DIRECT;
+			break;
+		}
+		if (DatumGetObjectId(value) != outbox_direct.pending)
+			continue;
+		value = slot_getattr(slot, outbox_direct.ordering_key, &isnull);
+		if (!isnull &&
+			!outbox_ordering_is_head(heap,
+									 slot_getattr(slot, outbox_direct.tenant_id,
+												  &isnull),
+									 value,
+									 slot_getattr(slot, outbox_direct.id,
+												  &isnull),
+									 snapshot))
+			continue;
+
+		tid = slot->tts_tid;
+		res = table_tuple_lock(heap, &tid, snapshot, slot, cid,
+							   LockTupleExclusive, LockWaitSkip, 0, &tmfd);
+		if (res == TM_WouldBlock)
+			continue;			/* another transaction holds it */
+		if (res != TM_Ok)
+		{
+			/* changed since the snapshot: the statement rechecks it */
+			result = OUTBOX_CLAIM_NO_DIRECT;
+			break;
+		}
+		locked = true;
+		break;
+	}
+	index_endscan(scan);
+
+	if (locked)
+	{
+		Datum	   *values = palloc(desc->natts * sizeof(Datum));
+		bool	   *nulls = palloc(desc->natts * sizeof(bool));
+		pg_uuid_t  *token = palloc(sizeof(pg_uuid_t));
+		TM_Result	res;
+		TM_FailureData tmfd;
+		LockTupleMode lockmode;
+		HeapTuple	leased;
+		OutboxUpdateIndexes update_indexes;
+
+		slot_getallattrs(slot);
+		memcpy(values, slot->tts_values, desc->natts * sizeof(Datum));
+		memcpy(nulls, slot->tts_isnull, desc->natts * sizeof(bool));
+		idem_new_token(token);
+		values[outbox_direct.status - 1] = ObjectIdGetDatum(outbox_direct.leased);
+		nulls[outbox_direct.status - 1] = false;
+		values[outbox_direct.lease_token - 1] = UUIDPGetDatum(token);
+		nulls[outbox_direct.lease_token - 1] = false;
+		values[outbox_direct.leased_by - 1] = CStringGetTextDatum(worker);
+		nulls[outbox_direct.leased_by - 1] = false;
+		values[outbox_direct.lease_until - 1] = lease_end;
+		nulls[outbox_direct.lease_until - 1] = false;
+		values[outbox_direct.available_at - 1] = lease_end;
+		nulls[outbox_direct.available_at - 1] = false;
+		newslot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
+		leased = heap_form_tuple(desc, values, nulls);
+		ExecStoreHeapTuple(leased, newslot, false);
+		tid = slot->tts_tid;
+		ExecClearTuple(slot);
+
+		res = table_tuple_update(heap, &tid, newslot, cid, snapshot,
+								 InvalidSnapshot, true, &tmfd, &lockmode,
+								 &update_indexes);
+		if (res != TM_Ok)
+			elog(ERROR, "unexpected result %d leasing a locked outbox row",
+				 (int) res);
+		pkey = index_open(outbox_direct.pkey, RowExclusiveLock);
+		outbox_direct_index(heap, pkey, newslot, update_indexes, true);
+		index_close(pkey, NoLock);
+		/* the new version's own tid, for the row returned */
+		leased->t_self = newslot->tts_tid;
+		outbox_claim_emit(desc, &leased, 1, tupdesc, tupstore);
+		ExecDropSingleTupleTableSlot(newslot);
+		result = 1;
+	}
+	UnregisterSnapshot(snapshot);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, NoLock);
 	table_close(heap, NoLock);
 	return result;
 }
@@ -2508,21 +2905,17 @@ idem_outbox_ack_body(FunctionCallInfo fcinfo)
 	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
 	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
 
-	if (idem_outbox_retention != 0)
+	switch (outbox_ack_direct(values[0], id, values[2], values[3],
+							  PG_ARGISNULL(3), idem_outbox_retention == 0))
 	{
-		switch (outbox_ack_direct(values[0], id, values[2], values[3],
-								  PG_ARGISNULL(3)))
-		{
-			case OUTBOX_ACK_DONE:
-				PG_RETURN_VOID();
-			case OUTBOX_ACK_MISS:
-				idem_spi_connect();
-				outbox_explain_miss(tenant, id, "outbox_ack", false,
-									values[2]);
-				pg_unreachable();
-			default:
-				break;
-		}
+		case OUTBOX_ACK_DONE:
+			PG_RETURN_VOID();
+		case OUTBOX_ACK_MISS:
+			idem_spi_connect();
+			outbox_explain_miss(tenant, id, "outbox_ack", false, values[2]);
+			pg_unreachable();
+		default:
+			break;
 	}
 
 	idem_spi_connect();

@@ -198,6 +198,17 @@ COMMIT;
 SELECT outcome FROM idem_reserve('wo_a', 'orders', 'trig-2', '{"amount": 17}'::jsonb);
 SELECT * FROM wo_audit ORDER BY 1;
 DROP TRIGGER wo_audit ON idempotency.keys;
+-- a rule likewise (the direct insert did not run it)
+CREATE RULE wo_audit_rule AS ON INSERT TO idempotency.keys
+    WHERE NEW.tenant_id = 'wo_a'
+    DO ALSO INSERT INTO public.wo_audit VALUES ('rule:' || NEW.idem_key, NEW.status);
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'rule-1', '{"amount": 16}'::jsonb);
+SELECT idem_complete('wo_a', 'orders', 'rule-1', 201, '{}');
+COMMIT;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'rule-2', '{"amount": 17}'::jsonb);
+SELECT * FROM wo_audit WHERE idem_key LIKE 'rule:%' ORDER BY 1;
+DROP RULE wo_audit_rule ON idempotency.keys;
 ALTER TABLE idempotency.keys ADD CONSTRAINT wo_no_teapot CHECK (response_code IS DISTINCT FROM 418);
 BEGIN;
 SELECT outcome FROM idem_reserve('wo_a', 'orders', 'check-1', '{"amount": 18}'::jsonb);

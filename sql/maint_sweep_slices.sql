@@ -105,5 +105,19 @@ SELECT next_page AS one_chunk FROM idempotency.sweep_state;
 SELECT idem_sweep() >= 0 AS ran;
 SELECT next_page AS wrapped FROM idempotency.sweep_state;
 
+-- Under a transaction_timeout (17 and later), which ends the session, the
+-- same, counted from the transaction's start (before 17 this repeats the
+-- statement_timeout case); the code before read the whole slice and
+-- moved the cursor back to 0.
+UPDATE idempotency.sweep_state SET next_page = 0;
+SELECT set_config(CASE WHEN current_setting('server_version_num')::int >= 170000
+                       THEN 'transaction_timeout' ELSE 'statement_timeout' END,
+                  '4s', false) AS timeout;
+SELECT pg_sleep(1.7) IS NOT NULL AS slept, idem_sweep() >= 0 AS ran;
+SELECT set_config(CASE WHEN current_setting('server_version_num')::int >= 170000
+                       THEN 'transaction_timeout' ELSE 'statement_timeout' END,
+                  '0', false) AS timeout;
+SELECT next_page AS one_chunk FROM idempotency.sweep_state;
+
 DELETE FROM idempotency.keys WHERE tenant_id = 'msl';
 UPDATE idempotency.sweep_state SET pages_per_run = DEFAULT, next_page = 0;

@@ -1,6 +1,7 @@
 -- outbox_ack of a kept row updates it without the executor when the table
--- is as the extension makes it; a trigger, or a CHECK constraint on a
--- column the ack sets, sends it through the executor, which runs them
+-- is as the extension makes it (and so does a claim of one row); a
+-- trigger, a rule, or a CHECK constraint on a column the ack (or the
+-- claim) sets, sends it through the executor, which runs them
 -- (tenant obx_ap; removed at the end)
 
 CREATE FUNCTION pg_temp.outbox_error(q text) RETURNS text
@@ -76,7 +77,20 @@ CREATE TRIGGER regress_obx_ap_note AFTER UPDATE ON idempotency.outbox
     FOR EACH ROW WHEN (NEW.tenant_id = 'obx_ap')
     EXECUTE FUNCTION public.regress_obx_ap_note();
 SELECT outbox_ack(tenant_id, id, lease_token, 'ref-2') FROM lease WHERE n = 2;
+-- and a claim of one row (which, on the table as made, leases the row
+-- without the executor too) runs it
+SELECT outbox_enqueue('obx_ap', 'obx.ap', '{"n": 8}') IS NOT NULL AS enqueued;
+SELECT outbox_ack(tenant_id, id, lease_token, 'ref-8')
+  FROM outbox_claim('w', 1, '1 minute', tenant => 'obx_ap');
 DROP TRIGGER regress_obx_ap_note ON idempotency.outbox;
+-- a CHECK constraint on a column a claim sets: checked, nothing leased
+ALTER TABLE idempotency.outbox ADD CONSTRAINT regress_obx_ap_worker
+    CHECK (leased_by IS DISTINCT FROM 'forbidden') NOT VALID;
+SELECT outbox_enqueue('obx_ap', 'obx.ap', '{"n": 9}') AS id9 \gset
+SELECT pg_temp.outbox_error($$SELECT count(*) FROM outbox_claim('forbidden', 1, '1 minute', tenant => 'obx_ap')$$);
+SELECT status, leased_by FROM idempotency.outbox WHERE tenant_id = 'obx_ap' AND id = :id9;
+ALTER TABLE idempotency.outbox DROP CONSTRAINT regress_obx_ap_worker;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_ap' AND id = :id9;
 DROP FUNCTION public.regress_obx_ap_note();
 
 -- a CHECK constraint on a column the ack sets: checked, nothing written
@@ -150,5 +164,83 @@ SELECT outbox_ack(tenant_id, id, lease_token, 'ref-6')
 SELECT outbox_enqueue('obx_ap', 'obx.ap', '{"n": 6}', dedup_key => 'ap-6') = :id6 AS same_id;
 SELECT count(*) AS rows_with_key FROM idempotency.outbox
  WHERE tenant_id = 'obx_ap' AND dedup_key = 'ap-6';
+
+-- a rule on the table: the ack runs it too (the direct ack skipped a
+-- DBA's rule)
+CREATE TABLE public.regress_obx_ap_audit (id bigint, old_status text, new_status text);
+CREATE RULE regress_obx_ap_audit_upd AS ON UPDATE TO idempotency.outbox
+    WHERE NEW.tenant_id = 'obx_ap'
+    DO ALSO INSERT INTO public.regress_obx_ap_audit VALUES (OLD.id, OLD.status, NEW.status);
+SELECT outbox_enqueue('obx_ap', 'obx.ap', '{"n": 7}') IS NOT NULL AS enqueued;
+SELECT outbox_ack(tenant_id, id, lease_token, 'ref-7')
+  FROM outbox_claim('w', 1, '1 minute', tenant => 'obx_ap');
+SELECT old_status, new_status FROM public.regress_obx_ap_audit ORDER BY id;
+DROP RULE regress_obx_ap_audit_upd ON idempotency.outbox;
+TRUNCATE public.regress_obx_ap_audit;
+
+-- With idempotency.outbox_retention = 0 the ack deletes the row, directly
+-- too when the table is as made: the delete counted, the row gone from
+-- the table and every index, the fence as for a kept row
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_ap';
+SET idempotency.outbox_retention = 0;
+SELECT count(outbox_enqueue('obx_ap', 'obx.ap', jsonb_build_object('n', g),
+                            dedup_key => 'del-' || g,
+                            ordering_key => CASE WHEN g >= 5 THEN 'ord' END))
+  FROM generate_series(1, 6) g;
+CREATE TEMP TABLE dlease AS
+SELECT tenant_id, id, lease_token, (payload->>'n')::int AS n
+  FROM outbox_claim('w', 6, '1 minute', tenant => 'obx_ap');
+-- (the second row of ordering key "ord" waits for the first)
+SELECT array_agg(n ORDER BY n) AS claimed FROM dlease;
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_del AS del_before FROM pg_stat_user_tables
+ WHERE relid = 'idempotency.outbox'::regclass \gset
+SELECT outbox_ack(tenant_id, id, lease_token, 'ref-d1') FROM dlease WHERE n = 1;
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_del - :del_before AS deletes FROM pg_stat_user_tables
+ WHERE relid = 'idempotency.outbox'::regclass;
+SELECT * FROM pg_temp.index_counts();
+-- the fence: a wrong token (55006), the row already deleted (P0002), a
+-- read-only transaction (25006); nothing written
+SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, gen_random_uuid()) FROM dlease WHERE n = 2$$);
+SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, lease_token) FROM dlease WHERE n = 1$$);
+BEGIN READ ONLY;
+SELECT pg_temp.outbox_error($$SELECT outbox_ack(tenant_id, id, lease_token) FROM dlease WHERE n = 2$$);
+ROLLBACK;
+-- after its own extend in the same transaction: deletes that version
+BEGIN;
+SELECT outbox_extend(tenant_id, id, lease_token, '5 minutes') > now() AS extended FROM dlease WHERE n = 2;
+SELECT outbox_ack(tenant_id, id, lease_token) FROM dlease WHERE n = 2;
+COMMIT;
+-- a trigger and a rule on delete: the ack runs them
+CREATE FUNCTION public.regress_obx_ap_del() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE NOTICE 'delete trigger: % %', OLD.status, OLD.payload;
+    RETURN OLD;
+END $$;
+CREATE TRIGGER regress_obx_ap_del AFTER DELETE ON idempotency.outbox
+    FOR EACH ROW WHEN (OLD.tenant_id = 'obx_ap')
+    EXECUTE FUNCTION public.regress_obx_ap_del();
+SELECT outbox_ack(tenant_id, id, lease_token) FROM dlease WHERE n = 3;
+DROP TRIGGER regress_obx_ap_del ON idempotency.outbox;
+DROP FUNCTION public.regress_obx_ap_del();
+CREATE RULE regress_obx_ap_audit_del AS ON DELETE TO idempotency.outbox
+    WHERE OLD.tenant_id = 'obx_ap'
+    DO ALSO INSERT INTO public.regress_obx_ap_audit VALUES (OLD.id, OLD.status, NULL);
+SELECT outbox_ack(tenant_id, id, lease_token) FROM dlease WHERE n = 4;
+SELECT old_status, new_status FROM public.regress_obx_ap_audit ORDER BY id;
+DROP RULE regress_obx_ap_audit_del ON idempotency.outbox;
+DROP TABLE public.regress_obx_ap_audit;
+-- the head of ordering key "ord" deleted: its successor is claimable; a
+-- deleted row's dedup_key is free again
+SELECT outbox_ack(tenant_id, id, lease_token) FROM dlease WHERE n = 5;
+SELECT (payload->>'n')::int AS next_of_ord
+  FROM outbox_claim('w', 5, '1 minute', tenant => 'obx_ap');
+SELECT outbox_enqueue('obx_ap', 'obx.ap', '{"n": 1}', dedup_key => 'del-1')
+       <> (SELECT id FROM dlease WHERE n = 1) AS new_row_for_freed_key;
+SELECT (payload->>'n')::int AS n, status FROM idempotency.outbox
+ WHERE tenant_id = 'obx_ap' ORDER BY id;
+RESET idempotency.outbox_retention;
 
 DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_ap';

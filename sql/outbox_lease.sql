@@ -132,3 +132,38 @@ END
 $$;
 CALL pg_temp.proc_worker();
 DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_proc';
+
+-- The lease recovery reads the due rows in available_at order, where the
+-- due pending rows sit among the leases, through a cursor: under a
+-- statement_timeout it stops between two fetches of 1,000 rows at three
+-- fifths of it, and reclaims what it found.  Before, one batch read on
+-- until it had found 1,000 expired leases or reached the end: behind a
+-- backlog of millions of due pending rows (workers stopped), every call,
+-- and every run of idem_maintain, outlasted a short timeout and was
+-- canceled (57014).  Here 3,000 due pending rows come before 20 expired
+-- leases, and the statement spends 2.5 s of its 4 asleep (its deadline is
+-- 2.4 s): one fetch, all pending, nothing reclaimed; the code before
+-- reclaimed the 20.
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
+                                max_attempts, available_at)
+SELECT 'obx_bkl', 'bkl.topic', jsonb_build_object('n', g), 'pending', 0, 10,
+       timestamptz '1990-01-01' + g * interval '1 second'
+  FROM generate_series(1, 3000) g;
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
+                                max_attempts, available_at, lease_until,
+                                lease_token, leased_by)
+SELECT 'obx_bkl', 'bkl.topic', jsonb_build_object('n', g), 'leased', 0, 10,
+       timestamptz '2000-01-01' + g * interval '1 second',
+       timestamptz '2000-01-01' + g * interval '1 second',
+       gen_random_uuid(), 'gone-worker'
+  FROM generate_series(1, 20) g;
+SET statement_timeout = '4s';
+SELECT pg_sleep(2.5) IS NOT NULL AS slept, idem_reclaim_leases() AS reclaimed;
+RESET statement_timeout;
+SELECT status, count(*) FROM idempotency.outbox
+ WHERE tenant_id = 'obx_bkl' GROUP BY status ORDER BY 1;
+-- without a timeout the call reads on and reclaims them
+SELECT idem_reclaim_leases() AS reclaimed;
+SELECT status, count(*), max(attempts) AS attempts FROM idempotency.outbox
+ WHERE tenant_id = 'obx_bkl' GROUP BY status ORDER BY 1;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_bkl';

@@ -121,6 +121,9 @@ VALUES ('stats-a', 'abandoned', '{}', 'leased', 1, 5, now() - interval '2 hours'
         now() - interval '2 hours', gen_random_uuid());
 SELECT outbox_oldest_pending_age >= interval '2 hours' AS abandoned_lease_counts
   FROM idempotency.health;
+-- and it is an expired lease, not a row leased by a live worker (the
+-- running lease of the setup is)
+SELECT outbox_leased, outbox_expired_leases FROM idempotency.health;
 DELETE FROM idempotency.outbox WHERE tenant_id = 'stats-a' AND topic = 'abandoned';
 
 -- the outbox's figures come from its partial indexes: they cost what the

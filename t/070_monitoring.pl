@@ -247,6 +247,7 @@ my %gauges = (
 	outbox_pending => 1,
 	outbox_leased => 1,
 	outbox_dead => 1,
+	outbox_expired_leases => 0,
 	reservations_held => 0,
 	oldest_held_age_seconds => 0);
 for my $g (sort keys %gauges)
