@@ -65,6 +65,11 @@ case " $(echo $names) " in
                 echo "bench: gnuplot-nox could not be installed; bench/maint draws no picture"
         fi ;;
 esac
+# bench/outbox counts instructions with callgrind (OUTBOX_BENCH_ONLY=instructions)
+if [ "${OUTBOX_BENCH_ONLY:-}" = instructions ] && ! command -v valgrind >/dev/null; then
+    apt-get install -y -q valgrind >/dev/null ||
+        echo "bench: valgrind could not be installed; bench/outbox counts no instructions"
+fi
 echo "bench: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(pg_config --version)"
 rc=0
 # pg_cron where it is installed (a server built from source may lack it)

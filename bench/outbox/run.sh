@@ -27,6 +27,9 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 DB=bench_outbox
+if [ "${OUTBOX_BENCH_ONLY:-}" = instructions ]; then
+    exec bash ./instructions.sh none plain ordered none-del plain-del batch-del
+fi
 SECS=${OUTBOX_BENCH_SECS:-10}
 PREFILL=${OUTBOX_BENCH_PREFILL:-60000}
 ENQ_CLIENTS=${OUTBOX_BENCH_ENQ_CLIENTS:-4}
@@ -40,6 +43,10 @@ PGMQ_PREFILL=${OUTBOX_BENCH_PGMQ_PREFILL:-1000000}
 # of each of the two commits per round does not hide the queues' work (nor
 # the disk's latency, on a machine whose other jobs flush too)
 PGMQ_SYNC=${OUTBOX_BENCH_PGMQ_SYNC:-off}
+#  6. OUTBOX_BENCH_ONLY=instructions (alone, not part of the others):
+#     instructions per message counted by callgrind (instructions.sh) for
+#     the one-message rounds, against the one-statement queue and ordered
+#     against unordered, with the goals beside the ratios.
 # OUTBOX_BENCH_ONLY=features runs sections 3 and 4 only, =pgmq section 5,
 # =claim the claim + ack rounds of section 2 and section 5
 ONLY=${OUTBOX_BENCH_ONLY:-all}
