@@ -787,6 +787,7 @@ outbox_lock_ordering_key(const char *tenant, const char *ordering_key)
  * extension's owner may call it: it is not granted to any role.
  */
 static AttrNumber ordering_head_status_attnum;
+static AttrNumber ordering_head_id_attnum;
 static Oid	ordering_head_status[3];	/* pending, leased, dead */
 
 static void
@@ -852,17 +853,20 @@ ordering_head_lookup(Relation heap)
 	}
 	ordering_head_index = found;
 	ordering_head_status_attnum = status;
+	ordering_head_id_attnum = want[2];
 	ordering_head_heap = relid;
 }
 
 /*
  * Whether the row "id" of "tenant" and "ordering_key" in the outbox
  * "heap" (opened) heads its key in "snapshot": no row of that tenant and
- * key with a smaller id is pending, leased or dead.
+ * key with a smaller id is pending, leased or dead.  *head is set to the
+ * smallest such id when there is one (the first the index returns), else
+ * to "id".
  */
 static bool
-outbox_ordering_is_head(Relation heap, Datum tenant, Datum ordering_key,
-						Datum id, Snapshot snapshot)
+outbox_ordering_probe(Relation heap, Datum tenant, Datum ordering_key,
+					  Datum id, Snapshot snapshot, int64 *head)
 {
 	Relation	index;
 	ScanKeyData skey[3];
@@ -899,11 +903,147 @@ outbox_ordering_is_head(Relation heap, Datum tenant, Datum ordering_key,
 		earlier = !isnull && (status == ordering_head_status[0] ||
 							  status == ordering_head_status[1] ||
 							  status == ordering_head_status[2]);
+		if (earlier)
+			*head = DatumGetInt64(slot_getattr(slot, ordering_head_id_attnum,
+											   &isnull));
 	}
+	if (!earlier)
+		*head = DatumGetInt64(id);
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
 	index_close(index, NoLock);
 	return !earlier;
+}
+
+/*
+ * The heads one claim has found (OrderingHeads): for a table, a tenant and
+ * an ordering key, the smallest id of its rows that are pending, leased or
+ * dead in the claim's snapshot.  A claim reads its candidates in
+ * available_at order, where the rows of one key follow each other when
+ * its head is held back (leased, dead, or waiting for a retry): each of
+ * them would probe outbox_ordering_idx again, and a probe reads the whole
+ * leaf page of the key's entries, so a backlog of 100,000 rows behind one
+ * held head cost every claim four seconds.  With the heads remembered, a
+ * candidate whose id is above its key's head is behind it without a probe
+ * (in the same snapshot the head is still there), and each key is probed
+ * once per claim.
+ */
+typedef struct OrderingHead
+{
+	uint64		hash;			/* hash key: the table, tenant and key */
+	char	   *tenant;			/* to tell apart keys with the same hash */
+	char	   *ordering_key;
+	int64		head;
+} OrderingHead;
+
+typedef struct OrderingHeads
+{
+	OrderingHead first;			/* the first key probed (most claims probe one) */
+	bool		has_first;
+	HTAB	   *heads;			/* the others: created for the second */
+	MemoryContext cxt;
+	/* the snapshot the heads were found in */
+	TransactionId xmin;
+	TransactionId xmax;
+	CommandId	curcid;
+} OrderingHeads;
+
+/*
+ * outbox_ordering_probe, answered from "memo" (palloc0'd in the memory
+ * context that is to hold it, or NULL for none) when it knows the key's
+ * head in this snapshot, else probed and remembered.  "live": the row
+ * "id" is pending, leased or dead in the snapshot (a claim's candidate),
+ * so that when the probe finds nothing before it, it is its key's head;
+ * otherwise only a head found before it is remembered.
+ */
+static bool
+outbox_ordering_is_head(Relation heap, Datum tenant, Datum ordering_key,
+						Datum id, bool live, Snapshot snapshot,
+						OrderingHeads *memo)
+{
+	text	   *t;
+	text	   *k;
+	uint64		hash;
+	OrderingHead *entry;
+	bool		found;
+	bool		is_head;
+	int64		head;
+	MemoryContext old;
+
+	if (memo == NULL)
+		return outbox_ordering_probe(heap, tenant, ordering_key, id, snapshot,
+									 &head);
+	if (memo->xmin != snapshot->xmin || memo->xmax != snapshot->xmax ||
+		memo->curcid != snapshot->curcid)
+	{
+		/* another snapshot (or the first): forget what was found */
+		if (memo->heads != NULL)
+			hash_destroy(memo->heads);
+		memo->heads = NULL;
+		memo->has_first = false;
+		memo->xmin = snapshot->xmin;
+		memo->xmax = snapshot->xmax;
+		memo->curcid = snapshot->curcid;
+	}
+	t = DatumGetTextPP(tenant);
+	k = DatumGetTextPP(ordering_key);
+	hash = hash_bytes_uint32_extended(RelationGetRelid(heap), 0);
+	hash = hash_combine64(hash,
+						  hash_bytes_extended((const unsigned char *) VARDATA_ANY(t),
+											  VARSIZE_ANY_EXHDR(t), 0));
+	hash = hash_combine64(hash,
+						  hash_bytes_extended((const unsigned char *) VARDATA_ANY(k),
+											  VARSIZE_ANY_EXHDR(k), 0));
+	if (memo->has_first && memo->first.hash == hash)
+		entry = &memo->first;
+	else if (memo->heads != NULL)
+		entry = (OrderingHead *) hash_search(memo->heads, &hash, HASH_FIND,
+											 NULL);
+	else
+		entry = NULL;
+	if (entry != NULL &&
+		strlen(entry->tenant) == VARSIZE_ANY_EXHDR(t) &&
+		memcmp(entry->tenant, VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t)) == 0 &&
+		strlen(entry->ordering_key) == VARSIZE_ANY_EXHDR(k) &&
+		memcmp(entry->ordering_key, VARDATA_ANY(k), VARSIZE_ANY_EXHDR(k)) == 0)
+	{
+		if (DatumGetInt64(id) > entry->head)
+			return false;
+		if (DatumGetInt64(id) == entry->head)
+			return true;
+	}
+	is_head = outbox_ordering_probe(heap, tenant, ordering_key, id, snapshot,
+									&head);
+	if (entry == NULL && (live || !is_head))
+	{
+		old = MemoryContextSwitchTo(memo->cxt);
+		if (!memo->has_first)
+		{
+			entry = &memo->first;
+			entry->hash = hash;
+			memo->has_first = true;
+		}
+		else
+		{
+			if (memo->heads == NULL)
+			{
+				HASHCTL		ctl;
+
+				ctl.keysize = sizeof(uint64);
+				ctl.entrysize = sizeof(OrderingHead);
+				ctl.hcxt = memo->cxt;
+				memo->heads = hash_create("outbox ordering heads", 64, &ctl,
+										  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+			}
+			entry = (OrderingHead *) hash_search(memo->heads, &hash,
+												 HASH_ENTER, &found);
+		}
+		entry->tenant = text_to_cstring(t);
+		entry->ordering_key = text_to_cstring(k);
+		entry->head = head;
+		MemoryContextSwitchTo(old);
+	}
+	return is_head;
 }
 
 PG_FUNCTION_INFO_V1(idem_outbox_ordering_head);
@@ -920,9 +1060,19 @@ idem_outbox_ordering_head(PG_FUNCTION_ARGS)
 	if (aclresult != ACLCHECK_OK)
 		aclcheck_error(aclresult, OBJECT_TABLE, get_rel_name(relid));
 	heap = table_open(relid, AccessShareLock);
+	/* the heads this statement found, for as long as its plan runs */
+	if (fcinfo->flinfo->fn_extra == NULL)
+	{
+		OrderingHeads *memo = MemoryContextAllocZero(fcinfo->flinfo->fn_mcxt,
+													 sizeof(OrderingHeads));
+
+		memo->cxt = fcinfo->flinfo->fn_mcxt;
+		fcinfo->flinfo->fn_extra = memo;
+	}
 	head = outbox_ordering_is_head(heap, PG_GETARG_DATUM(1),
 								   PG_GETARG_DATUM(2), PG_GETARG_DATUM(3),
-								   GetActiveSnapshot());
+								   false, GetActiveSnapshot(),
+								   (OrderingHeads *) fcinfo->flinfo->fn_extra);
 	table_close(heap, NoLock);
 	PG_RETURN_BOOL(head);
 }
@@ -2708,6 +2858,7 @@ outbox_claim_direct(const char *worker, Interval *lease, Datum topics,
 	int			result = 0;
 	bool		locked = false;
 	ItemPointerData tid;
+	OrderingHeads heads = {0};
 
 	if (XactReadOnly || RecoveryInProgress() || IsolationUsesXactSnapshot() ||
 		!(outbox_catalog() & OUTBOX_HAS_TOKEN_FN))
@@ -2767,6 +2918,7 @@ outbox_claim_direct(const char *worker, Interval *lease, Datum topics,
 	CommandCounterIncrement();
 	cid = GetCurrentCommandId(true);
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	heads.cxt = CurrentMemoryContext;
 	slot = table_slot_create(heap, NULL);
 #if PG_VERSION_NUM >= 180000
 	scan = index_beginscan(heap, index, snapshot, NULL, nkeys, 0);
@@ -2800,7 +2952,7 @@ outbox_claim_direct(const char *worker, Interval *lease, Datum topics,
 									 value,
 									 slot_getattr(slot, outbox_direct.id,
 												  &isnull),
-									 snapshot))
+									 true, snapshot, &heads))
 			continue;
 
 		tid = slot->tts_tid;
@@ -2867,6 +3019,8 @@ outbox_claim_direct(const char *worker, Interval *lease, Datum topics,
 	}
 	UnregisterSnapshot(snapshot);
 	ExecDropSingleTupleTableSlot(slot);
+	if (heads.heads != NULL)
+		hash_destroy(heads.heads);
 	index_close(index, NoLock);
 	table_close(heap, NoLock);
 	return result;
