@@ -946,6 +946,7 @@ typedef struct OrderingHeads
 	TransactionId xmin;
 	TransactionId xmax;
 	CommandId	curcid;
+	uint64		completions;	/* snapXactCompletionCount */
 } OrderingHeads;
 
 /*
@@ -974,7 +975,8 @@ outbox_ordering_is_head(Relation heap, Datum tenant, Datum ordering_key,
 		return outbox_ordering_probe(heap, tenant, ordering_key, id, snapshot,
 									 &head);
 	if (memo->xmin != snapshot->xmin || memo->xmax != snapshot->xmax ||
-		memo->curcid != snapshot->curcid)
+		memo->curcid != snapshot->curcid ||
+		memo->completions != snapshot->snapXactCompletionCount)
 	{
 		/* another snapshot (or the first): forget what was found */
 		if (memo->heads != NULL)
@@ -984,6 +986,7 @@ outbox_ordering_is_head(Relation heap, Datum tenant, Datum ordering_key,
 		memo->xmin = snapshot->xmin;
 		memo->xmax = snapshot->xmax;
 		memo->curcid = snapshot->curcid;
+		memo->completions = snapshot->snapXactCompletionCount;
 	}
 	t = DatumGetTextPP(tenant);
 	k = DatumGetTextPP(ordering_key);
