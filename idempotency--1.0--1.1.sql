@@ -509,12 +509,18 @@ SELECT k.processing,
        (SELECT pg_catalog.count(*) AS outbox_pending
           FROM idempotency.outbox o
          WHERE o.status OPERATOR(pg_catalog.=) 'pending') op,
-       (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(o.available_at)
-                   AS outbox_oldest_pending_age
-          FROM idempotency.outbox o
-         WHERE o.status OPERATOR(pg_catalog.=) ANY (
-                   ARRAY['pending', 'leased']::idempotency.outbox_status[])
-           AND o.available_at OPERATOR(pg_catalog.<=) pg_catalog.now()) oa,
+       -- the oldest due row: a pending row since its available_at, or a
+       -- lease that ran out since its end (its worker gone)
+       (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) LEAST(
+                   (SELECT pg_catalog.min(o.available_at)
+                      FROM idempotency.outbox o
+                     WHERE o.status OPERATOR(pg_catalog.=) 'pending'
+                       AND o.available_at OPERATOR(pg_catalog.<=) pg_catalog.now()),
+                   (SELECT pg_catalog.min(o.lease_until)
+                      FROM idempotency.outbox o
+                     WHERE o.status OPERATOR(pg_catalog.=) 'leased'
+                       AND o.lease_until OPERATOR(pg_catalog.<) pg_catalog.now()))
+                   AS outbox_oldest_pending_age) oa,
        -- leases still running, and leases that ran out (their worker
        -- died or hung: due again, until a claim or idem_reclaim_leases
        -- takes them back)
@@ -525,7 +531,8 @@ SELECT k.processing,
                    WHERE o.lease_until OPERATOR(pg_catalog.<) pg_catalog.now())
                    AS outbox_expired_leases
           FROM idempotency.outbox o
-         WHERE o.status OPERATOR(pg_catalog.=) 'leased') ol,
+         WHERE o.status OPERATOR(pg_catalog.=) 'leased'
+           AND o.lease_until IS NOT NULL) ol,
        (SELECT pg_catalog.count(*) AS outbox_dead
           FROM idempotency.outbox o
          WHERE o.status OPERATOR(pg_catalog.=) 'dead') od,
@@ -1148,24 +1155,40 @@ CREATE INDEX outbox_done_idx ON idempotency.outbox (done_at)
     WHERE status = 'done';
 
 /*
- * The claim path of a worker that asks for one topic: that topic's due
+ * The claim path: pending rows only (1.0 also kept the leased rows here,
+ * so that every lease wrote an entry into each claim index).  Leased rows
+ * by the end of their lease are in outbox_lease_idx, where the claim takes
+ * expired leases first and idem_reclaim_leases finds them without reading
+ * the pending backlog (only a leased row has a lease_until; the predicate
+ * names it, not the status, so that the statements that find a row by key
+ * and status are not planned over this index).
+ */
+DROP INDEX idempotency.outbox_claim_idx;
+CREATE INDEX outbox_claim_idx ON idempotency.outbox (available_at)
+    WHERE status = 'pending';
+
+CREATE INDEX outbox_lease_idx ON idempotency.outbox (lease_until)
+    WHERE lease_until IS NOT NULL;
+
+/*
+ * The claim path of a worker that asks for one topic: that topic's pending
  * rows, oldest first, without reading the due rows of the others, so that
  * a backlog of one topic (its workers stopped) does not slow down the
  * workers of the rest.  Same predicate as outbox_claim_idx; outbox.c
  * names the topic as an equality for the planner to use it.
  */
 CREATE INDEX outbox_topic_claim_idx ON idempotency.outbox (topic, available_at)
-    WHERE status IN ('pending', 'leased');
+    WHERE status = 'pending';
 
 /*
  * The claim path of a worker that claims for one tenant (a claim naming
- * it, or any claim by a role bound to it): that tenant's due rows, oldest
+ * it, or any claim by a role bound to it): that tenant's pending rows, oldest
  * first, without reading the due rows of the others, so that one tenant's
  * backlog does not slow down the workers of the rest.  Same predicate as
  * outbox_claim_idx; outbox.c names the tenant as an equality.
  */
 CREATE INDEX outbox_tenant_claim_idx ON idempotency.outbox (tenant_id, available_at)
-    WHERE status IN ('pending', 'leased');
+    WHERE status = 'pending';
 
 DROP FUNCTION @extschema@.outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int);
 

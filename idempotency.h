@@ -256,6 +256,9 @@ extern void idem_outbox_init(void);
 	"'lease of worker \"' OPERATOR(pg_catalog.||) o.leased_by" \
 	" OPERATOR(pg_catalog.||) '\" expired'"
 
+/* Whether idempotency.outbox has outbox_lease_idx (1.1): outbox.c */
+extern bool idem_outbox_has_lease_idx(void);
+
 /* ----------------------------------------------------------------
  * citus.c: running on Citus (tables distributed by idem_citus_distribute)
  * ----------------------------------------------------------------

@@ -177,6 +177,18 @@ static const char *reclaim_scan_sql =
 " ORDER BY o.available_at";
 
 /*
+ * The same on 1.1, whose outbox_lease_idx holds the leased rows by the end
+ * of their lease: the expired ones, longest expired first, without the
+ * pending rows (a backlog of millions when workers stop).
+ */
+static const char *reclaim_scan_v11_sql =
+"SELECT o.ctid, true"
+"  FROM idempotency.outbox o"
+" WHERE o.status OPERATOR(pg_catalog.=) 'leased'"
+"   AND o.lease_until OPERATOR(pg_catalog.<) pg_catalog.now()"
+" ORDER BY o.lease_until";
+
+/*
  * Expired outbox leases: the worker died or hung.  As outbox_claim does when
  * it meets such a row, the lost lease counts as a failed attempt: the
  * message goes back to pending, or to the dead letters once that was its
@@ -237,6 +249,7 @@ static SPIPlanPtr sweep_slice_plan = NULL;
 static SPIPlanPtr sweep_state_plan = NULL;
 static SPIPlanPtr sweep_advance_plan = NULL;
 static SPIPlanPtr reclaim_scan_plan = NULL;
+static SPIPlanPtr reclaim_scan_v11_plan = NULL;
 static SPIPlanPtr reclaim_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
 static SPIPlanPtr schedule_plan = NULL;
@@ -675,16 +688,20 @@ idem_reclaim_leases(PG_FUNCTION_ARGS)
 	for (int pass = 0; pass < npasses && !stopped; pass++)
 	{
 		Portal		cursor;
+		SPIPlanPtr	plan;
 		int			nexpired = 0;
 		bool		done = false;
 
 		idem_citus_enter((first + pass) % npasses);
-		cursor = SPI_cursor_open(NULL,
-								 idem_saved_plan(&reclaim_scan_plan,
-												 reclaim_scan_sql, 0, NULL,
-												 CURSOR_OPT_FAST_PLAN |
-												 CURSOR_OPT_NO_SCROLL),
-								 NULL, NULL, false);
+		if (idem_outbox_has_lease_idx())
+			plan = idem_saved_plan(&reclaim_scan_v11_plan, reclaim_scan_v11_sql,
+								   0, NULL,
+								   CURSOR_OPT_FAST_PLAN | CURSOR_OPT_NO_SCROLL);
+		else
+			plan = idem_saved_plan(&reclaim_scan_plan, reclaim_scan_sql, 0,
+								   NULL,
+								   CURSOR_OPT_FAST_PLAN | CURSOR_OPT_NO_SCROLL);
+		cursor = SPI_cursor_open(NULL, plan, NULL, NULL, false);
 		while (!done)
 		{
 			SPITupleTable *fetched;

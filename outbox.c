@@ -312,10 +312,41 @@ static const char *outbox_ordered_filter =
 static const char *outbox_lock_sql_format =
 "SELECT c.ctid, c.tenant_id, c.id"
 "  FROM idempotency.outbox c"
-" WHERE c.status OPERATOR(pg_catalog.=) ANY ('{pending,leased}'::idempotency.outbox_status[])"
+" WHERE %s"
 "   AND c.available_at OPERATOR(pg_catalog.<=) " OUTBOX_NOW
 "   %s%s%s"
 " ORDER BY c.available_at"
+" LIMIT $1"
+"   FOR UPDATE SKIP LOCKED";
+
+/*
+ * The status condition of the claim statements above and below: pending
+ * rows (outbox_claim_idx and the topic and tenant claim indexes hold only
+ * them since 1.1, and the expired leases are claimed first, through
+ * outbox_lease_idx, by outbox_lock_expired_sql_format); a database still
+ * at 1.0, whose outbox_claim_idx holds the leased rows too (available_at
+ * being a lease's end) and which has no outbox_lease_idx, claims both in
+ * one available_at order.
+ */
+#define OUTBOX_CLAIM_STATUS_V11 "c.status OPERATOR(pg_catalog.=) 'pending'"
+#define OUTBOX_CLAIM_STATUS_V10 \
+	"c.status OPERATOR(pg_catalog.=) ANY ('{pending,leased}'::idempotency.outbox_status[])"
+
+/*
+ * The first step of a claim (1.1): lock up to $1 leases that expired (their
+ * worker died or hung), longest expired first, through outbox_lease_idx;
+ * outbox_claim_lease then counts each lost attempt.  A leased row heads its
+ * ordering key, so the ordering condition is not repeated; the status
+ * condition (first %s) and the ordering condition (fourth) are left out
+ * ("%.0s"), the topics and the tenant filter as for pending rows.
+ */
+static const char *outbox_lock_expired_sql_format =
+"SELECT c.ctid, c.tenant_id, c.id"
+"  FROM idempotency.outbox c"
+" WHERE c.status OPERATOR(pg_catalog.=) 'leased'%.0s"
+"   AND c.lease_until OPERATOR(pg_catalog.<=) " OUTBOX_NOW
+"   %s%s%.0s"
+" ORDER BY c.lease_until"
 " LIMIT $1"
 "   FOR UPDATE SKIP LOCKED";
 
@@ -387,7 +418,7 @@ static const char *const outbox_lease_sql[2] = {
 "       available_at = " OUTBOX_NOW " OPERATOR(pg_catalog.+) $2" \
 "  FROM (SELECT c.ctid" \
 "          FROM idempotency.outbox c" \
-"         WHERE c.status OPERATOR(pg_catalog.=) ANY ('{pending,leased}'::idempotency.outbox_status[])" \
+"         WHERE %s" \
 "           AND c.available_at OPERATOR(pg_catalog.<=) " OUTBOX_NOW \
 "           %s%s%s" \
 "         ORDER BY c.available_at" \
@@ -567,9 +598,10 @@ static SPIPlanPtr enqueue_plan = NULL;
 static SPIPlanPtr enqueue_v10_plan = NULL;
 static SPIPlanPtr enqueue_dedup_plan = NULL;
 static SPIPlanPtr dedup_lookup_plan = NULL;
-static SPIPlanPtr lock_plans[32];
+static SPIPlanPtr lock_plans[64];
+static SPIPlanPtr lock_expired_plans[64];
 static SPIPlanPtr lease_plans[2] = {NULL, NULL};
-static SPIPlanPtr claim_one_plans[32];
+static SPIPlanPtr claim_one_plans[64];
 static SPIPlanPtr ack_plan = NULL;
 static SPIPlanPtr ack_delete_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
@@ -589,6 +621,7 @@ static SPIPlanPtr nack_one_plan = NULL;
 #define CLAIM_ORDERED 4			/* the table has ordering_key (1.1) */
 #define CLAIM_TOKEN_FN 8			/* idempotency.new_lease_token() exists */
 #define CLAIM_ONE_TOPIC 16			/* with CLAIM_FILTER_TOPICS: one topic */
+#define CLAIM_LEASE_IDX 32			/* outbox_lease_idx exists (1.1) */
 #define OUTBOX_V11(filters) (((filters) & CLAIM_TOKEN_FN) ? 1 : 0)
 
 /* A row locked by outbox_claim, and its place in the result. */
@@ -634,6 +667,7 @@ claimed_row_cmp(const void *a, const void *b)
  */
 #define OUTBOX_HAS_ORDERING 1
 #define OUTBOX_HAS_TOKEN_FN 2
+#define OUTBOX_HAS_LEASE_IDX 4		/* outbox_lease_idx: claim pending rows */
 
 static int	outbox_catalog_known = -1;	/* -1: look it up */
 
@@ -667,6 +701,7 @@ typedef struct OutboxDirect
 	Oid			claim_idx;		/* outbox_claim_idx (available_at) */
 	Oid			topic_claim_idx;	/* (topic, available_at) */
 	Oid			tenant_claim_idx;	/* (tenant_id, available_at) */
+	Oid			lease_idx;		/* (lease_until) of leased rows (1.1) */
 	Oid			pending;		/* enum values of status */
 	Oid			leased;
 	Oid			done;
@@ -735,6 +770,8 @@ outbox_catalog(void)
 								  PointerGetDatum(buildoidvector(NULL, 0)),
 								  ObjectIdGetDatum(nsp)))
 			flags |= OUTBOX_HAS_TOKEN_FN;
+		if (OidIsValid(get_relname_relid("outbox_lease_idx", nsp)))
+			flags |= OUTBOX_HAS_LEASE_IDX;
 	}
 	outbox_catalog_known = flags;
 	return flags;
@@ -744,6 +781,13 @@ static bool
 outbox_has_ordering_key(void)
 {
 	return (outbox_catalog() & OUTBOX_HAS_ORDERING) != 0;
+}
+
+/* Whether the outbox has outbox_lease_idx (1.1), for maintenance.c. */
+bool
+idem_outbox_has_lease_idx(void)
+{
+	return (outbox_catalog() & OUTBOX_HAS_LEASE_IDX) != 0;
 }
 
 /*
@@ -1889,6 +1933,8 @@ outbox_claim_filters(Datum topics, const char *tenant, Datum *values,
 	}
 	if (outbox_has_ordering_key())
 		filters |= CLAIM_ORDERED;
+	if (outbox_catalog() & OUTBOX_HAS_LEASE_IDX)
+		filters |= CLAIM_LEASE_IDX;
 	return filters;
 }
 
@@ -1922,18 +1968,24 @@ outbox_claim_sql(char *sql, size_t len, const char *format, int filters,
 		snprintf(tenant, sizeof(tenant), " AND c.tenant_id OPERATOR(pg_catalog.=) $%d", param + 1);
 	else
 		tenant[0] = '\0';
-	snprintf(sql, len, format, topics, tenant,
+	snprintf(sql, len, format,
+			 (filters & CLAIM_LEASE_IDX) ? OUTBOX_CLAIM_STATUS_V11 :
+			 OUTBOX_CLAIM_STATUS_V10,
+			 topics, tenant,
 			 (filters & CLAIM_ORDERED) ? outbox_ordered_filter : "");
 }
 
 /*
  * Step 1 of a claim: lock up to "batch" due rows, FOR UPDATE SKIP LOCKED,
  * restricted to "topics" (a text[] Datum, or 0 for any) and "tenant" (NULL
- * for any).  Inside SPI; returns how many, with (ctid, tenant_id, id) of
- * each in SPI_tuptable, in available_at order.
+ * for any): with "expired", leases that ran out, longest expired first
+ * (none on a database at 1.0, whose other statement takes them with the
+ * pending rows); else pending rows, oldest available_at first.  Inside
+ * SPI; returns how many, with (ctid, tenant_id, id) of each in
+ * SPI_tuptable, in that order.
  */
 static uint64
-outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
+outbox_claim_lock(int32 batch, Datum topics, const char *tenant, bool expired)
 {
 	Oid			argtypes[3] = {INT4OID, TEXTARRAYOID, TEXTOID};
 	Datum		values[3];
@@ -1945,13 +1997,18 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant)
 
 	values[0] = Int32GetDatum(batch);
 	filters = outbox_claim_filters(topics, tenant, &values[1], &nulls[1]);
-	plan = lock_plans[filters];
+	if (expired && !(filters & CLAIM_LEASE_IDX))
+		return 0;				/* 1.0: the expired leases come with the rest */
+	plan = expired ? lock_expired_plans[filters] : lock_plans[filters];
 	if (plan == NULL || idem_citus_pass_active)
 	{
 		char		sql[2048];
 
-		outbox_claim_sql(sql, sizeof(sql), outbox_lock_sql_format, filters, 2);
-		plan = outbox_plan(&lock_plans[filters], sql, 3, argtypes);
+		outbox_claim_sql(sql, sizeof(sql),
+						 expired ? outbox_lock_expired_sql_format :
+						 outbox_lock_sql_format, filters, 2);
+		plan = outbox_plan(expired ? &lock_expired_plans[filters] :
+						   &lock_plans[filters], sql, 3, argtypes);
 	}
 
 	/*
@@ -2220,6 +2277,29 @@ idem_outbox_claim_body(FunctionCallInfo fcinfo)
 		Datum		topics = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
 
 		idem_citus_enter((first + pass) % npasses);
+
+		/*
+		 * Expired leases first (1.1): each is leased again with its lost
+		 * attempt counted, or dead-lettered when that was its last; rows
+		 * dead-lettered leave their places to the next expired leases,
+		 * until none is left or the batch is full.  Each round either
+		 * fills the batch, finds none, or dead-letters rows for good, so
+		 * the loop ends.
+		 */
+		while (batch > 0)
+		{
+			uint64		ndead;
+			int32		asked = batch;
+
+			nlocked = outbox_claim_lock(batch, topics, tenant, true);
+			if (nlocked == 0)
+				break;
+			ndead = outbox_claim_lease(SPI_tuptable, nlocked, worker, lease,
+									   tupdesc, tupstore);
+			batch -= (int32) (nlocked - ndead);
+			if (nlocked < (uint64) asked)
+				break;			/* no expired lease left to lock */
+		}
 		while (batch > 0)
 		{
 			uint64		ndead;
@@ -2231,7 +2311,7 @@ idem_outbox_claim_body(FunctionCallInfo fcinfo)
 				batch = 0;
 				break;
 			}
-			nlocked = outbox_claim_lock(batch, topics, tenant);
+			nlocked = outbox_claim_lock(batch, topics, tenant, false);
 			if (nlocked == 0)
 				break;
 			ndead = outbox_claim_lease(SPI_tuptable, nlocked, worker, lease,
@@ -2239,8 +2319,9 @@ idem_outbox_claim_body(FunctionCallInfo fcinfo)
 			batch -= (int32) (nlocked - ndead);
 
 			/*
-			 * Rows whose expired lease used up their last attempt became
-			 * dead instead of being leased: look again for due rows to take
+			 * (1.0, which locks expired leases with the pending rows.) Rows
+			 * whose expired lease used up their last attempt became dead
+			 * instead of being leased: look again for due rows to take
 			 * their places, so that an empty result means nothing is due.
 			 * Each pass either fills the batch, finds nothing, or
 			 * dead-letters rows for good, so the loop ends.
@@ -2397,6 +2478,8 @@ outbox_direct_check(Relation heap)
 	outbox_direct.tenant_claim_idx =
 		outbox_direct_claim_index(heap, "outbox_tenant_claim_idx", "tenant_id",
 								  "available_at");
+	outbox_direct.lease_idx = outbox_direct_claim_index(heap, "outbox_lease_idx",
+														NULL, "lease_until");
 #if PG_VERSION_NUM >= 180000
 	outbox_direct.pkey = RelationGetPrimaryKeyIndex(heap, false);
 #else
@@ -2819,6 +2902,70 @@ outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
 }
 
 /*
+ * Whether outbox_lease_idx has a lease of "heap" that ended by "now" and
+ * that a claim for "topic" (0: any) and "tenant" (NULL: any) takes, in a
+ * fresh snapshot.  Leases end in the future but when workers die, so this
+ * reads an empty range of the index, or the few leases that ran out.
+ */
+static bool
+outbox_expired_lease_exists(Relation heap, TimestampTz now, Datum topic,
+							const char *tenant)
+{
+	Relation	index;
+	ScanKeyData skey;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	Snapshot	snapshot;
+	bool		found = false;
+
+	index = index_open(outbox_direct.lease_idx, AccessShareLock);
+	ScanKeyEntryInitialize(&skey, 0, 1, BTLessEqualStrategyNumber, InvalidOid,
+						   InvalidOid, F_TIMESTAMPTZ_LE,
+						   TimestampTzGetDatum(now));
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	slot = table_slot_create(heap, NULL);
+#if PG_VERSION_NUM >= 180000
+	scan = index_beginscan(heap, index, snapshot, NULL, 1, 0);
+#else
+	scan = index_beginscan(heap, index, snapshot, 1, 0);
+#endif
+	index_rescan(scan, &skey, 1, NULL, 0);
+	while (!found && index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		Datum		value;
+
+		value = slot_getattr(slot, outbox_direct.status, &isnull);
+		if (isnull || DatumGetObjectId(value) != outbox_direct.leased)
+			continue;
+		if (tenant != NULL)
+		{
+			value = slot_getattr(slot, outbox_direct.tenant_id, &isnull);
+			if (isnull || strcmp(TextDatumGetCString(value), tenant) != 0)
+				continue;
+		}
+		if (topic != (Datum) 0)
+		{
+			AttrNumber	attnum = get_attnum(RelationGetRelid(heap), "topic");
+
+			value = slot_getattr(slot, attnum, &isnull);
+			if (isnull ||
+				!DatumGetBool(DirectFunctionCall2Coll(texteq,
+													  TupleDescAttr(RelationGetDescr(heap),
+																	attnum - 1)->attcollation,
+													  value, topic)))
+				continue;
+		}
+		found = true;
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	UnregisterSnapshot(snapshot);
+	index_close(index, NoLock);
+	return found;
+}
+
+/*
  * A claim of one row without the executor.
  *
  * What outbox_claim_one's statement does, for the common case: the due
@@ -2832,10 +2979,11 @@ outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
  * claimed (0 or 1), or OUTBOX_CLAIM_NO_DIRECT, having written nothing,
  * when the statements must do it: the table is not as the extension
  * makes it (see outbox_direct_check), the transaction is read-only or
- * uses a transaction snapshot, several topics are asked for, the first
- * candidate is a lease that expired (its lost attempt is counted by the
- * statements), or a candidate changed after the snapshot (the statement
- * rechecks the new version).
+ * uses a transaction snapshot, several topics are asked for, a lease
+ * that the filters take has expired (1.1: outbox_expired_lease_exists; on
+ * 1.0, whose claim index holds leases too, the first candidate is one: the
+ * statements claim it first and count its lost attempt), or a candidate
+ * changed after the snapshot (the statement rechecks the new version).
  */
 static int
 outbox_claim_direct(const char *worker, Interval *lease, Datum topics,
@@ -2896,6 +3044,20 @@ outbox_claim_direct(const char *worker, Interval *lease, Datum topics,
 	lease_end = DirectFunctionCall2(timestamptz_pl_interval,
 									TimestampTzGetDatum(now),
 									IntervalPGetDatum(lease));
+
+	/*
+	 * 1.1: expired leases are claimed first, by the statements (which count
+	 * the lost attempt); look for one the filters take
+	 */
+	if (outbox_catalog() & OUTBOX_HAS_LEASE_IDX)
+	{
+		if (!OidIsValid(outbox_direct.lease_idx) ||
+			outbox_expired_lease_exists(heap, now, topic, tenant))
+		{
+			table_close(heap, NoLock);
+			return OUTBOX_CLAIM_NO_DIRECT;
+		}
+	}
 
 	/* the index the statement would read: by tenant, by one topic, or all */
 	if (tenant != NULL)

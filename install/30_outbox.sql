@@ -40,34 +40,47 @@ REVOKE ALL ON idempotency.outbox FROM PUBLIC;
 GRANT SELECT ON idempotency.outbox TO idempotency_admin;
 
 /*
- * The claim path: due rows (pending, or leased with an expired lease: for a
- * leased row available_at is the end of its lease), oldest first.  Rows
- * that are done or dead leave the index, so it stays as small as the
- * backlog.  outbox.c's claim statement repeats this predicate (as "= ANY"
- * of the same statuses, which the planner proves equal).
+ * The claim path: pending rows, oldest available_at first.  A claim moves
+ * a row out of it (the lease enters the primary key and outbox_lease_idx
+ * only, not the three claim indexes), and rows that are done or dead are
+ * not in it, so it stays as small as the backlog.  outbox.c's claim
+ * statements repeat this predicate.
  */
 CREATE INDEX outbox_claim_idx ON idempotency.outbox (available_at)
-    WHERE status IN ('pending', 'leased');
+    WHERE status = 'pending';
 
 /*
- * The claim path of a worker that asks for one topic: that topic's due
+ * Leased rows by the end of their lease: the claim takes expired leases
+ * (their worker died or hung) from here first, and idem_reclaim_leases
+ * finds them here, without reading the pending backlog.  Only a leased row
+ * has a lease_until (every way out of a lease clears it).  The predicate
+ * names lease_until rather than the status so that the statements that
+ * find one row by its key and status (ack, nack, extend, and their batch
+ * forms) are never planned over this index: they condition on the status
+ * and not on lease_until, and go through the primary key.
+ */
+CREATE INDEX outbox_lease_idx ON idempotency.outbox (lease_until)
+    WHERE lease_until IS NOT NULL;
+
+/*
+ * The claim path of a worker that asks for one topic: that topic's pending
  * rows, oldest first, without reading the due rows of the others, so that
  * a backlog of one topic (its workers stopped) does not slow down the
  * workers of the rest.  Same predicate as outbox_claim_idx; outbox.c
  * names the topic as an equality for the planner to use it.
  */
 CREATE INDEX outbox_topic_claim_idx ON idempotency.outbox (topic, available_at)
-    WHERE status IN ('pending', 'leased');
+    WHERE status = 'pending';
 
 /*
  * The claim path of a worker that claims for one tenant (a claim naming
- * it, or any claim by a role bound to it): that tenant's due rows, oldest
+ * it, or any claim by a role bound to it): that tenant's pending rows, oldest
  * first, without reading the due rows of the others, so that one tenant's
  * backlog does not slow down the workers of the rest.  Same predicate as
  * outbox_claim_idx; outbox.c names the tenant as an equality.
  */
 CREATE INDEX outbox_tenant_claim_idx ON idempotency.outbox (tenant_id, available_at)
-    WHERE status IN ('pending', 'leased');
+    WHERE status = 'pending';
 
 /*
  * Deduplicated enqueue: one row per tenant, topic and dedup_key, for as

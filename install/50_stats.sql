@@ -40,8 +40,8 @@ COMMENT ON FUNCTION idem_stats_reset() IS
  * The state an operator watches: what is stuck, what needs a human, what
  * is waiting to leave.  One pass over the keys (a key's status has no
  * index, see 20_keys.sql); the outbox's figures each come from a partial
- * index (outbox_claim_idx for pending and leased rows, outbox_dead_idx for
- * dead ones), so they cost what the backlog holds, not the delivered rows
+ * index (outbox_claim_idx for pending rows, outbox_lease_idx for leased
+ * ones, outbox_dead_idx for dead ones), so they cost what the backlog holds, not the delivered rows
  * kept for idempotency.outbox_retention.  The view runs with its owner's
  * rights, so pg_monitor needs no access to the tables themselves.
  */
@@ -86,12 +86,18 @@ SELECT k.processing,
        (SELECT pg_catalog.count(*) AS outbox_pending
           FROM idempotency.outbox o
          WHERE o.status OPERATOR(pg_catalog.=) 'pending') op,
-       (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(o.available_at)
-                   AS outbox_oldest_pending_age
-          FROM idempotency.outbox o
-         WHERE o.status OPERATOR(pg_catalog.=) ANY (
-                   ARRAY['pending', 'leased']::idempotency.outbox_status[])
-           AND o.available_at OPERATOR(pg_catalog.<=) pg_catalog.now()) oa,
+       -- the oldest due row: a pending row since its available_at, or a
+       -- lease that ran out since its end (its worker gone)
+       (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) LEAST(
+                   (SELECT pg_catalog.min(o.available_at)
+                      FROM idempotency.outbox o
+                     WHERE o.status OPERATOR(pg_catalog.=) 'pending'
+                       AND o.available_at OPERATOR(pg_catalog.<=) pg_catalog.now()),
+                   (SELECT pg_catalog.min(o.lease_until)
+                      FROM idempotency.outbox o
+                     WHERE o.status OPERATOR(pg_catalog.=) 'leased'
+                       AND o.lease_until OPERATOR(pg_catalog.<) pg_catalog.now()))
+                   AS outbox_oldest_pending_age) oa,
        -- leases still running, and leases that ran out (their worker
        -- died or hung: due again, until a claim or idem_reclaim_leases
        -- takes them back)
@@ -102,7 +108,8 @@ SELECT k.processing,
                    WHERE o.lease_until OPERATOR(pg_catalog.<) pg_catalog.now())
                    AS outbox_expired_leases
           FROM idempotency.outbox o
-         WHERE o.status OPERATOR(pg_catalog.=) 'leased') ol,
+         WHERE o.status OPERATOR(pg_catalog.=) 'leased'
+           AND o.lease_until IS NOT NULL) ol,
        (SELECT pg_catalog.count(*) AS outbox_dead
           FROM idempotency.outbox o
          WHERE o.status OPERATOR(pg_catalog.=) 'dead') od,

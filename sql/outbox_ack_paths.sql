@@ -28,7 +28,10 @@ BEGIN
      WHERE status = 'done' AND done_at > '-infinity' AND tenant_id || '' = 'obx_ap'
     UNION ALL
     SELECT 'a claim index', count(*) FROM idempotency.outbox
-     WHERE status IN ('pending', 'leased') AND available_at > '-infinity' AND tenant_id || '' = 'obx_ap'
+     WHERE status = 'pending' AND available_at > '-infinity' AND tenant_id || '' = 'obx_ap'
+    UNION ALL
+    SELECT 'outbox_lease_idx', count(*) FROM idempotency.outbox
+     WHERE lease_until > '-infinity' AND tenant_id || '' = 'obx_ap'
     UNION ALL
     SELECT 'outbox_pkey', count(*) FROM idempotency.outbox
      WHERE tenant_id = 'obx_ap' AND id > 0;
@@ -47,6 +50,8 @@ EXPLAIN (COSTS OFF) SELECT count(*) FROM idempotency.outbox
  WHERE status = 'done' AND done_at > '-infinity' AND tenant_id || '' = 'obx_ap';
 EXPLAIN (COSTS OFF) SELECT count(*) FROM idempotency.outbox
  WHERE tenant_id = 'obx_ap' AND id > 0;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM idempotency.outbox
+ WHERE lease_until > '-infinity' AND tenant_id || '' = 'obx_ap';
 RESET enable_seqscan;
 RESET enable_bitmapscan;
 

@@ -133,17 +133,16 @@ $$;
 CALL pg_temp.proc_worker();
 DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_proc';
 
--- The lease recovery reads the due rows in available_at order, where the
--- due pending rows sit among the leases, through a cursor: under a
--- statement_timeout it stops between two fetches of 1,000 rows at three
--- fifths of it, and reclaims what it found.  Before, one batch read on
--- until it had found 1,000 expired leases or reached the end: behind a
--- backlog of millions of due pending rows (workers stopped), every call,
--- and every run of idem_maintain, outlasted a short timeout and was
--- canceled (57014).  Here 3,000 due pending rows come before 20 expired
--- leases, and the statement spends 2.5 s of its 4 asleep (its deadline is
--- 2.4 s): one fetch, all pending, nothing reclaimed; the code before
--- reclaimed the 20.
+-- The lease recovery reads the expired leases through outbox_lease_idx,
+-- which holds the leased rows only: a backlog of due pending rows
+-- (workers stopped: millions) is not read.  Before, the leases were found
+-- in outbox_claim_idx among the due pending rows, in available_at order:
+-- behind such a backlog every call, and every run of idem_maintain, read
+-- it all, and under a short timeout either was canceled (57014) or, read
+-- through a cursor that stops in time, ended before it reached a lease.
+-- Here 3,000 due pending rows come before 20 expired leases, and the
+-- statement spends 2.5 s of its 4 asleep (its deadline is 2.4 s, one
+-- fetch of 1,000 rows at least): the 20 are reclaimed (none before).
 INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
                                 max_attempts, available_at)
 SELECT 'obx_bkl', 'bkl.topic', jsonb_build_object('n', g), 'pending', 0, 10,
@@ -162,8 +161,46 @@ SELECT pg_sleep(2.5) IS NOT NULL AS slept, idem_reclaim_leases() AS reclaimed;
 RESET statement_timeout;
 SELECT status, count(*) FROM idempotency.outbox
  WHERE tenant_id = 'obx_bkl' GROUP BY status ORDER BY 1;
--- without a timeout the call reads on and reclaims them
+-- nothing left for the next call
 SELECT idem_reclaim_leases() AS reclaimed;
 SELECT status, count(*), max(attempts) AS attempts FROM idempotency.outbox
  WHERE tenant_id = 'obx_bkl' GROUP BY status ORDER BY 1;
 DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_bkl';
+
+-- Expired leases are claimed first, longest expired first (through
+-- outbox_lease_idx), then pending rows, oldest available_at first (the
+-- claim indexes, which hold pending rows only: a lease writes no entry
+-- into them).  A pending row due an hour ago comes after leases that ran
+-- out a minute ago; a running lease is not due.  Each expired lease
+-- counts its lost attempt.  (Before, leases and pending rows were read
+-- together in available_at order, the pending row first.)
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
+                                max_attempts, available_at, lease_until,
+                                lease_token, leased_by)
+VALUES ('obx_first', 'first.topic', '{"n": "pending, due 1 h ago"}', 'pending', 0, 5,
+        now() - interval '1 hour', NULL, NULL, NULL),
+       ('obx_first', 'first.topic', '{"n": "lease ran out 1 min ago"}', 'leased', 0, 5,
+        now() - interval '1 minute', now() - interval '1 minute', gen_random_uuid(), 'gone'),
+       ('obx_first', 'first.topic', '{"n": "lease ran out 2 min ago"}', 'leased', 1, 5,
+        now() - interval '2 minutes', now() - interval '2 minutes', gen_random_uuid(), 'gone'),
+       ('obx_first', 'first.topic', '{"n": "lease running"}', 'leased', 0, 5,
+        now() + interval '1 hour', now() + interval '1 hour', gen_random_uuid(), 'alive');
+SELECT payload->>'n' AS claimed, attempts, last_error
+  FROM outbox_claim('w', 10, '1 minute', tenant => 'obx_first');
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_first';
+-- a claim of one row likewise (the row is leased without the executor
+-- only when no expired lease its filters take is left)
+INSERT INTO idempotency.outbox (tenant_id, topic, payload, status, attempts,
+                                max_attempts, available_at, lease_until,
+                                lease_token, leased_by)
+VALUES ('obx_first', 'first.topic', '{"n": "pending"}', 'pending', 0, 5,
+        now() - interval '1 hour', NULL, NULL, NULL),
+       ('obx_first', 'first.topic', '{"n": "expired"}', 'leased', 0, 5,
+        now() - interval '1 minute', now() - interval '1 minute', gen_random_uuid(), 'gone'),
+       ('obx_first2', 'first.topic', '{"n": "another tenant, expired"}', 'leased', 0, 5,
+        now() - interval '1 minute', now() - interval '1 minute', gen_random_uuid(), 'gone');
+SELECT payload->>'n' AS first, attempts FROM outbox_claim('w', 1, '1 minute', tenant => 'obx_first');
+SELECT payload->>'n' AS second, attempts FROM outbox_claim('w', 1, '1 minute', tenant => 'obx_first');
+SELECT count(*) AS third FROM outbox_claim('w', 1, '1 minute', tenant => 'obx_first');
+SELECT payload->>'n' AS by_topic, attempts FROM outbox_claim('w', 1, '1 minute', topics => '{first.topic}');
+DELETE FROM idempotency.outbox WHERE tenant_id IN ('obx_first', 'obx_first2');

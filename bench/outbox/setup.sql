@@ -13,6 +13,30 @@ CREATE TABLE bench_orders (
 CREATE TABLE plain_outbox (LIKE idempotency.outbox INCLUDING ALL)
     WITH (fillfactor = 80);
 
+-- The hand-written queue finds its due rows, pending ones and expired
+-- leases, in one index order (a leased row's available_at is its lease
+-- end), as the extension did before 1.1: its claim indexes take both
+-- statuses, and it has no index of leases (the extension's claim indexes
+-- hold pending rows only, and its leases are in outbox_lease_idx).
+DO $$
+DECLARE
+    i regclass;
+BEGIN
+    FOR i IN SELECT indexrelid::regclass FROM pg_index
+              WHERE indrelid = 'plain_outbox'::regclass
+                AND (pg_get_indexdef(indexrelid) LIKE '%available_at%'
+                     OR pg_get_indexdef(indexrelid) LIKE '%lease_until%')
+    LOOP
+        EXECUTE format('DROP INDEX %s', i);
+    END LOOP;
+END $$;
+CREATE INDEX plain_outbox_claim_idx ON plain_outbox (available_at)
+    WHERE status IN ('pending', 'leased');
+CREATE INDEX plain_outbox_topic_claim_idx ON plain_outbox (topic, available_at)
+    WHERE status IN ('pending', 'leased');
+CREATE INDEX plain_outbox_tenant_claim_idx ON plain_outbox (tenant_id, available_at)
+    WHERE status IN ('pending', 'leased');
+
 -- Worker rounds that loop on the server (each statement its own
 -- transaction, as a worker runs them, without a round trip between them),
 -- so that the figures measure the queues rather than the client; pgmq's
