@@ -158,9 +158,10 @@ static const char *sweep_advance_sql =
 #define IDEM_SWEEP_DEFAULT_PAGES 16384
 
 /*
- * The due rows of the outbox in available_at order, through
- * outbox_claim_idx (pending rows, and leased rows, whose available_at is
- * their lease end), each with whether its lease has expired.
+ * A database still at 1.0 (no outbox_lease_idx): the due rows of the
+ * outbox in available_at order, through outbox_claim_idx (pending rows,
+ * and leased rows, whose available_at is their lease end), each with
+ * whether its lease has expired.
  * idem_reclaim_leases reads them through a cursor, RECLAIM_FETCH at a time,
  * so that under a deadline it stops between two fetches even behind a
  * backlog of due pending rows, which sit among the leases in that index
@@ -666,11 +667,12 @@ reclaim_batch(ItemPointerData *tids, int ntids)
  *
  * Returns outbox rows whose lease has expired to pending, counting the
  * lost attempt (dead when that was the last one), and clears the lease, in
- * batches of RECLAIM_BATCH rows, the longest expired first.  The due rows
- * are read through a cursor (reclaim_scan_sql), RECLAIM_FETCH at a time:
- * under a statement_timeout the call stops fetching at three fifths of it
- * (maint_deadline), after one fetch at least, and reclaims what it found,
- * however many due pending rows lie ahead of the leases.  Row locks: those
+ * batches of RECLAIM_BATCH rows, the longest expired first.  The expired
+ * leases are read through a cursor (reclaim_scan_v11_sql, through
+ * outbox_lease_idx; on 1.0 reclaim_scan_sql, the due rows among which
+ * they are), RECLAIM_FETCH at a time: under a statement_timeout the call
+ * stops fetching at three fifths of it (maint_deadline), after one fetch
+ * at least, and reclaims what it found.  Row locks: those
  * rows; rows a worker is acknowledging right now are skipped.
  */
 Datum

@@ -2903,26 +2903,24 @@ outbox_ack_direct(Datum tenant, int64 id, Datum token, Datum ref,
 
 /*
  * Whether outbox_lease_idx has a lease of "heap" that ended by "now" and
- * that a claim for "topic" (0: any) and "tenant" (NULL: any) takes, in a
- * fresh snapshot.  Leases end in the future but when workers die, so this
+ * that a claim for "topic" (0: any) and "tenant" (NULL: any) takes, in
+ * the claim's "snapshot".  Leases end in the future but when workers die, so this
  * reads an empty range of the index, or the few leases that ran out.
  */
 static bool
 outbox_expired_lease_exists(Relation heap, TimestampTz now, Datum topic,
-							const char *tenant)
+							const char *tenant, Snapshot snapshot)
 {
 	Relation	index;
 	ScanKeyData skey;
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
-	Snapshot	snapshot;
 	bool		found = false;
 
 	index = index_open(outbox_direct.lease_idx, AccessShareLock);
 	ScanKeyEntryInitialize(&skey, 0, 1, BTLessEqualStrategyNumber, InvalidOid,
 						   InvalidOid, F_TIMESTAMPTZ_LE,
 						   TimestampTzGetDatum(now));
-	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	slot = table_slot_create(heap, NULL);
 #if PG_VERSION_NUM >= 180000
 	scan = index_beginscan(heap, index, snapshot, NULL, 1, 0);
@@ -2960,7 +2958,6 @@ outbox_expired_lease_exists(Relation heap, TimestampTz now, Datum topic,
 	}
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
-	UnregisterSnapshot(snapshot);
 	index_close(index, NoLock);
 	return found;
 }
@@ -3045,6 +3042,10 @@ outbox_claim_direct(const char *worker, Interval *lease, Datum topics,
 									TimestampTzGetDatum(now),
 									IntervalPGetDatum(lease));
 
+	CommandCounterIncrement();
+	cid = GetCurrentCommandId(true);
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+
 	/*
 	 * 1.1: expired leases are claimed first, by the statements (which count
 	 * the lost attempt); look for one the filters take
@@ -3052,8 +3053,9 @@ outbox_claim_direct(const char *worker, Interval *lease, Datum topics,
 	if (outbox_catalog() & OUTBOX_HAS_LEASE_IDX)
 	{
 		if (!OidIsValid(outbox_direct.lease_idx) ||
-			outbox_expired_lease_exists(heap, now, topic, tenant))
+			outbox_expired_lease_exists(heap, now, topic, tenant, snapshot))
 		{
+			UnregisterSnapshot(snapshot);
 			table_close(heap, NoLock);
 			return OUTBOX_CLAIM_NO_DIRECT;
 		}
@@ -3080,9 +3082,6 @@ outbox_claim_direct(const char *worker, Interval *lease, Datum topics,
 						   F_TIMESTAMPTZ_LE, TimestampTzGetDatum(now));
 	nkeys++;
 
-	CommandCounterIncrement();
-	cid = GetCurrentCommandId(true);
-	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	heads.cxt = CurrentMemoryContext;
 	slot = table_slot_create(heap, NULL);
 #if PG_VERSION_NUM >= 180000
