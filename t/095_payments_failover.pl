@@ -127,8 +127,12 @@ note("primary killed (postmaster $pm and "
 	  . " children) after $acked_before acknowledged answers");
 cmp_ok($acked_before, '>=', 80, 'the primary died under load');
 
-# the service fails closed meanwhile (503, clients retry); then promote
-sleep 1;
+# the service fails closed meanwhile (503, clients retry); then promote.
+# The outage lasts longer than the service's wait for a pooled connection
+# (PAYMENTS_POOL_WAIT, 1 s) and its one retry on a fresh connection, so a
+# request arriving in it is answered 503 rather than carried over to the
+# promoted standby.
+sleep 3;
 $standby->promote;
 ok( $standby->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()'),
 	'the standby is promoted');

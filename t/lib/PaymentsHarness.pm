@@ -113,14 +113,14 @@ sub children_of
 sub read_ack_log
 {
 	my ($path) = @_;
-	return () unless -e $path;
 	my @acks;
+	return wantarray ? @acks : 0 unless -e $path;
 	for my $line (split /\n/, slurp_file($path))
 	{
 		my $a = eval { $json->decode($line) };
 		push @acks, $a if $a;
 	}
-	return @acks;
+	return wantarray ? @acks : scalar @acks;
 }
 
 sub ledger
