@@ -580,12 +580,15 @@ GRANT SELECT ON idempotency.health TO pg_monitor, idempotency_admin;
 
 /*
  * The outbox's tenant is compared byte for byte too, as Citus needs to
- * colocate outbox and keys: its indexes are rebuilt, and the dead letters
- * view, which reads the column, is created again with its privileges.
+ * colocate outbox and keys, and so is its topic, an identifier a claim by
+ * topic compares in outbox_topic_claim_idx: its indexes are rebuilt, and
+ * the dead letters view, which reads the columns, is created again with
+ * its privileges.
  */
 DROP VIEW idempotency.dead_letters;
 ALTER TABLE idempotency.outbox
-    ALTER COLUMN tenant_id TYPE pg_catalog.text COLLATE pg_catalog."C";
+    ALTER COLUMN tenant_id TYPE pg_catalog.text COLLATE pg_catalog."C",
+    ALTER COLUMN topic TYPE pg_catalog.text COLLATE pg_catalog."C";
 
 CREATE VIEW idempotency.dead_letters AS
     SELECT tenant_id, id, topic, idem_scope, idem_key, attempts, max_attempts,
@@ -1129,8 +1132,8 @@ REVOKE ALL ON FUNCTION idempotency.outbox_ordering_head(oid, text, text, bigint)
  * the end of the table, in the order of a fresh install, and the function
  * is replaced (one signature, so an untyped call matches exactly one).
  */
-ALTER TABLE idempotency.outbox ADD COLUMN dedup_key text;
-ALTER TABLE idempotency.outbox ADD COLUMN ordering_key text;
+ALTER TABLE idempotency.outbox ADD COLUMN dedup_key text COLLATE pg_catalog."C";
+ALTER TABLE idempotency.outbox ADD COLUMN ordering_key text COLLATE pg_catalog."C";
 
 CREATE UNIQUE INDEX outbox_dedup_idx ON idempotency.outbox (tenant_id, topic, dedup_key)
     WHERE dedup_key IS NOT NULL;

@@ -7,12 +7,15 @@ CREATE TYPE idempotency.outbox_status AS ENUM ('pending', 'leased', 'done', 'dea
  * Transactional outbox: intents written in the same transaction as the
  * key and the business rows, delivered by workers outside the database.
  * The tenant is compared byte for byte, as in idempotency.keys (and Citus
- * colocates the two tables only when their tenant columns agree).
+ * colocates the two tables only when their tenant columns agree), and so
+ * are the other identifiers the indexes compare: topic, dedup_key and
+ * ordering_key (the database's collation would cost more per comparison
+ * and change nothing for equality).
  */
 CREATE TABLE idempotency.outbox (
     tenant_id    text COLLATE pg_catalog."C" NOT NULL,
     id           bigint GENERATED ALWAYS AS IDENTITY,
-    topic        text NOT NULL,
+    topic        text COLLATE pg_catalog."C" NOT NULL,
     payload      jsonb NOT NULL,
     headers      jsonb,
     idem_scope   text,
@@ -28,8 +31,8 @@ CREATE TABLE idempotency.outbox (
     provider_ref text,
     created_at   timestamptz NOT NULL DEFAULT pg_catalog.now(),
     done_at      timestamptz,
-    dedup_key    text,
-    ordering_key text,
+    dedup_key    text COLLATE pg_catalog."C",
+    ordering_key text COLLATE pg_catalog."C",
     CONSTRAINT outbox_pkey PRIMARY KEY (tenant_id, id),
     CONSTRAINT outbox_max_attempts_positive CHECK (max_attempts > 0)
 ) WITH (fillfactor = 80,

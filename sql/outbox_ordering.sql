@@ -159,3 +159,11 @@ SELECT count(*) FILTER (WHERE h) AS heads, count(*) FILTER (WHERE NOT h) AS behi
          ORDER BY id DESC) r;
 
 DELETE FROM idempotency.outbox WHERE tenant_id IN ('obx_o', 'obx_o2', 'obx_o3');
+
+-- the identifiers the outbox's indexes compare are compared byte for byte
+-- (collation "C"), as the keys' tenants, scopes and keys are
+SELECT a.attname, a.attcollation::regcollation AS collation
+  FROM pg_attribute a
+ WHERE a.attrelid = 'idempotency.outbox'::regclass
+   AND a.attname IN ('tenant_id', 'topic', 'dedup_key', 'ordering_key')
+ ORDER BY a.attnum;
