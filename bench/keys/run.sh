@@ -13,6 +13,12 @@
 #   replay:      reserve of a completed key
 #   replay_pk:   the floor of a replay: one SELECT of the same row by its
 #                primary key
+#   new_floor:   the business transaction with two trivial SELECTs in place
+#                of reserve and complete: the same six round trips with
+#                idempotency that costs nothing
+#   new_keyrow:  the floor with its first SELECT replaced by a plain INSERT
+#                of the finished key row into a copy of idempotency.keys
+#                (key_rows): what storing a key durably costs at the least
 #
 # Baselines: "plpgsql" (a naive PL/pgSQL implementation, setup.sql), "sql"
 # (the same statements sent as bare SQL) and, for new requests, "none" (the
@@ -47,8 +53,8 @@ tps() {
 }
 
 declare -A tps_of
-variants="new_ext new_exec new_handler new_plpgsql new_sql new_none new_floor replay_ext replay_plpgsql replay_sql replay_pk
-          new_ext_async new_rated_async new_exec_async new_handler_async new_plpgsql_async new_sql_async new_none_async"
+variants="new_ext new_exec new_handler new_plpgsql new_sql new_none new_floor new_keyrow replay_ext replay_plpgsql replay_sql replay_pk
+          new_ext_async new_rated_async new_exec_async new_handler_async new_plpgsql_async new_sql_async new_none_async new_floor_async new_keyrow_async"
 reversed=$(echo $variants | tr ' ' '\n' | tac | tr '\n' ' ')
 for round in $(seq 1 "$ROUNDS"); do
     # every second round runs in reverse order, so that no variant always
@@ -106,6 +112,14 @@ compare "new request vs no idempotency (durable commits):" new_ext new_none
 # could reach against the naive one on this machine.
 compare "ceiling: free idempotency vs naive PL/pgSQL (durable):" new_floor new_plpgsql
 compare "new request vs the floor (durable commits):" new_ext new_floor ">= 0.95"
+# the floor plus the key's row written by a plain INSERT: the least any
+# implementation that stores the key pays; new_ext against it is the cost
+# of the extension's own work (probe, lock, fingerprint, checks)
+compare "  the key row alone (plain INSERT) vs the floor (durable):" new_keyrow new_floor
+compare "  new request vs the floor plus the key row (durable):" new_ext new_keyrow
+compare "new request vs the floor (synchronous_commit off):" new_ext_async new_floor_async
+compare "  the key row alone (plain INSERT) vs the floor (async):" new_keyrow_async new_floor_async
+compare "  new request vs the floor plus the key row (async):" new_ext_async new_keyrow_async
 compare "new request vs naive PL/pgSQL (synchronous_commit off):" new_ext_async new_plpgsql_async
 compare "new request vs bare SQL (synchronous_commit off):" new_ext_async new_sql_async
 compare "new request vs no idempotency (synchronous_commit off):" new_ext_async new_none_async
