@@ -7,7 +7,11 @@
 #   1. new-request and replay throughput in the large database against the
 #      small one (pgbench, two interleaved rounds, ratios within a round),
 #      and a plain SELECT of a key's row by primary key likewise: the
-#      share of the difference that is PostgreSQL's own;
+#      share of the difference that is PostgreSQL's own; for new requests,
+#      ../keys/new_keyrow.sql likewise (the business transaction and a
+#      plain INSERT of the key's row into key_rows, a copy of
+#      idempotency.keys holding the same keys): what a larger primary key
+#      costs any implementation that stores its keys;
 #   2. the sweeper's cost per run with those keys in flight: the scheduled
 #      sweep (idem_sweep(), one slice of the table) against a sweep of the
 #      whole table (idem_sweep(older_than), what every run did before),
@@ -61,7 +65,10 @@ create_db() {
                                  created_at timestamptz NOT NULL DEFAULT now())' \
         -c 'CREATE TABLE events (id bigserial PRIMARY KEY, topic text NOT NULL,
                                  payload jsonb NOT NULL,
-                                 created_at timestamptz NOT NULL DEFAULT now())'
+                                 created_at timestamptz NOT NULL DEFAULT now())' \
+        -c 'CREATE TABLE key_rows (LIKE idempotency.keys INCLUDING DEFAULTS
+                                   INCLUDING INDEXES INCLUDING STORAGE)
+                WITH (fillfactor = 70)'
 }
 
 # Keys g = lo .. hi.  Key g: tenant g % 50, scope g % 4; g % 10 < 3 expired
@@ -131,7 +138,9 @@ fill() {
         exit 1
     fi
     echo "  $db: $total keys in $(calc "$(now) - $started") s; VACUUM ANALYZE (as autovacuum would)"
-    psql_q "$db" -c 'VACUUM (ANALYZE) idempotency.keys' -c 'CHECKPOINT'
+    # the same keys in key_rows, the baseline's copy of the table
+    psql_q "$db" -c 'INSERT INTO key_rows SELECT * FROM idempotency.keys'
+    psql_q "$db" -c 'VACUUM (ANALYZE) idempotency.keys' -c 'VACUUM (ANALYZE) key_rows' -c 'CHECKPOINT'
     echo "  $db: $(sizes "$db"), done after $(calc "$(now) - $started") s"
 }
 
@@ -194,16 +203,18 @@ for round in 1 2; do
         n=$([ "$db" = "$BIG" ] && echo "$KEYS" || echo "$SMALL_KEYS")
         T[new.$db.$round]=$(tps "$db" ../keys/new_ext.sql "$n")
         T[new_async.$db.$round]=$(tps "$db" ../keys/new_ext.sql "$n" "-c synchronous_commit=off")
+        T[keyrow.$db.$round]=$(tps "$db" ../keys/new_keyrow.sql "$n")
+        T[keyrow_async.$db.$round]=$(tps "$db" ../keys/new_keyrow.sql "$n" "-c synchronous_commit=off")
         T[replay.$db.$round]=$(tps "$db" "$tmp/replay.sql" "$n")
         T[select.$db.$round]=$(tps "$db" "$tmp/select.sql" "$n")
-        echo "  round $round $db: new ${T[new.$db.$round]} tps, new (synchronous_commit off) ${T[new_async.$db.$round]} tps, replay ${T[replay.$db.$round]} tps, plain SELECT by primary key ${T[select.$db.$round]} tps"
+        echo "  round $round $db: new ${T[new.$db.$round]} tps, new (synchronous_commit off) ${T[new_async.$db.$round]} tps, key row by plain INSERT ${T[keyrow.$db.$round]} / ${T[keyrow_async.$db.$round]} tps (durable / off), replay ${T[replay.$db.$round]} tps, plain SELECT by primary key ${T[select.$db.$round]} tps"
     done
 done
-for w in new new_async replay select; do
+for w in new new_async keyrow keyrow_async replay select; do
     r1=$(calc "${T[$w.$BIG.1]} / ${T[$w.$SMALL.1]}")
     r2=$(calc "${T[$w.$BIG.2]} / ${T[$w.$SMALL.2]}")
     goal="target >= 0.90"
-    [ "$w" = select ] && goal="(PostgreSQL alone, for reference)"
+    case $w in select|keyrow*) goal="(PostgreSQL alone, for reference)" ;; esac
     printf '  %-52s %sx (rounds %s, %s) %s\n' \
         "$w: $KEYS keys against $SMALL_KEYS:" "$(calc "($r1 + $r2) / 2")" "$r1" "$r2" "$goal"
 done
