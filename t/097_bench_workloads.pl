@@ -1,0 +1,99 @@
+# The workloads under bench/ still run against the extension as it is:
+# bench/keys' set-up, each of its pgbench scripts for a few transactions
+# from two clients, and its per-call measurements; bench/outbox's set-up
+# and a few rounds of its server-side loops on both queues.  make bench
+# measures, and takes minutes; this only checks that what it runs runs (a
+# set-up that reserved more keys in one transaction than
+# idempotency.max_keys_per_transaction allows stopped bench/keys before
+# its first run).
+use strict;
+use warnings;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest qw(new_idem_node);
+
+my $sharedir = `pg_config --sharedir`;
+chomp $sharedir;
+plan skip_all => 'pgcrypto (the naive baseline of bench/keys) is not installed'
+  unless -f "$sharedir/extension/pgcrypto.control";
+
+my $node = new_idem_node('bench');
+local $ENV{PGHOST} = $node->host;
+local $ENV{PGPORT} = $node->port;
+
+# psql -f FILE in DIR against DB, as bench/*/run.sh runs its set-up
+sub psql_file
+{
+	my ($dir, $db, $file, @opts) = @_;
+	my ($out, $err) = ('', '');
+	my $ok = IPC::Run::run(
+		[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', @opts, '-d', $db, '-f', $file ],
+		'>', \$out, '2>', \$err,
+		init => sub { chdir $dir or die "chdir $dir: $!" });
+	return ($ok, $out, $err);
+}
+
+# ---- bench/keys
+my ($ok, $out, $err) = psql_file('bench/keys', 'postgres', 'setup.sql');
+ok($ok, 'bench/keys: the set-up runs') or diag($err);
+is( $node->safe_psql('bench_keys', q{
+		SELECT (SELECT count(*) FROM idempotency.keys WHERE status = 'succeeded')
+		    || ' ' || (SELECT count(*) FROM naive_keys WHERE status = 'succeeded')
+		    || ' ' || (SELECT count(*) FROM key_rows)}),
+	'10000 10000 10000',
+	'bench/keys: the replayed keys are finished in every implementation');
+
+my @scripts = map { s{^bench/keys/}{}r } sort glob('bench/keys/{new,replay}_*.sql');
+cmp_ok(scalar @scripts, '>=', 12, 'bench/keys: its pgbench scripts are found');
+for my $script (@scripts)
+{
+	my ($pout, $perr) = ('', '');
+	my $pok = IPC::Run::run(
+		[
+			'pgbench', '-n', '-M', 'prepared', '-c', '2', '-j', '2', '-t', '5',
+			'-f', $script, 'bench_keys'
+		],
+		'>', \$pout, '2>', \$perr,
+		init => sub { chdir 'bench/keys' or die $! });
+	ok($pok && $pout =~ m{number of transactions actually processed: 10/10},
+		"bench/keys: $script runs") or diag($pout, $perr);
+}
+is( $node->safe_psql('bench_keys',
+		q{SELECT count(*) FROM idempotency.keys WHERE status = 'succeeded'}),
+	10000 + 10 * scalar(grep { /^new_(ext|exec|rated)\.sql$/ } @scripts),
+	'bench/keys: each new request of the extension finished its key');
+
+($ok, $out, $err) = psql_file('bench/keys', 'bench_keys', 'percall.sql', '-At', '-F', ' ');
+ok($ok, 'bench/keys: the per-call measurements run') or diag($err);
+like($out, qr/^newcomplete_ext [0-9.]+$/m,
+	'bench/keys: they report a pair reserved and completed');
+
+# ---- bench/outbox
+$node->safe_psql('postgres', 'CREATE DATABASE bench_outbox');
+($ok, $out, $err) = psql_file('bench/outbox', 'bench_outbox', 'setup.sql');
+ok($ok, 'bench/outbox: the set-up runs') or diag($err);
+for my $table ('idempotency.outbox', 'plain_outbox')
+{
+	$node->safe_psql('bench_outbox', qq{
+		INSERT INTO $table (tenant_id, topic, payload, max_attempts, available_at)
+		SELECT 't' || (g % 10), 'payment.capture', jsonb_build_object('order', g), 10,
+		       now() - interval '1 hour' + g * interval '1 millisecond'
+		  FROM generate_series(1, 400) g});
+}
+for my $call ('CALL bench_outbox_one(50)', 'CALL bench_plain_one(50)',
+	'CALL bench_plain_one(50, true)')
+{
+	my ($cout, $cerr) = ('', '');
+	my $cok = IPC::Run::run([ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', 'bench_outbox', '-c', $call ],
+		'>', \$cout, '2>', \$cerr);
+	ok($cok, "bench/outbox: $call runs") or diag($cerr);
+}
+is( $node->safe_psql('bench_outbox', q{
+		SELECT (SELECT count(*) FROM idempotency.outbox WHERE status = 'done')
+		    || ' ' || (SELECT count(*) FROM plain_outbox WHERE status = 'done')
+		    || ' ' || (SELECT count(*) FROM plain_outbox)}),
+	'50 50 350',
+	'bench/outbox: each loop delivered its rounds');
+
+$node->stop;
+done_testing();
