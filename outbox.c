@@ -697,6 +697,7 @@ typedef struct OutboxDirect
 	AttrNumber	tenant_id;
 	AttrNumber	id;
 	AttrNumber	ordering_key;
+	AttrNumber	topic;
 	bool		claim_usable;	/* no CHECK on a column a claim sets */
 	Oid			claim_idx;		/* outbox_claim_idx (available_at) */
 	Oid			topic_claim_idx;	/* (topic, available_at) */
@@ -2468,6 +2469,7 @@ outbox_direct_check(Relation heap)
 	outbox_direct.leased_by = get_attnum(relid, "leased_by");
 	outbox_direct.available_at = get_attnum(relid, "available_at");
 	outbox_direct.tenant_id = get_attnum(relid, "tenant_id");
+	outbox_direct.topic = get_attnum(relid, "topic");
 	outbox_direct.id = get_attnum(relid, "id");
 	outbox_direct.ordering_key = get_attnum(relid, "ordering_key");
 	outbox_direct.claim_idx = outbox_direct_claim_index(heap, "outbox_claim_idx",
@@ -2944,13 +2946,11 @@ outbox_expired_lease_exists(Relation heap, TimestampTz now, Datum topic,
 		}
 		if (topic != (Datum) 0)
 		{
-			AttrNumber	attnum = get_attnum(RelationGetRelid(heap), "topic");
-
-			value = slot_getattr(slot, attnum, &isnull);
+			value = slot_getattr(slot, outbox_direct.topic, &isnull);
 			if (isnull ||
 				!DatumGetBool(DirectFunctionCall2Coll(texteq,
 													  TupleDescAttr(RelationGetDescr(heap),
-																	attnum - 1)->attcollation,
+																	outbox_direct.topic - 1)->attcollation,
 													  value, topic)))
 				continue;
 		}

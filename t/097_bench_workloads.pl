@@ -21,20 +21,20 @@ my $node = new_idem_node('bench');
 local $ENV{PGHOST} = $node->host;
 local $ENV{PGPORT} = $node->port;
 
-# psql -f FILE in DIR against DB, as bench/*/run.sh runs its set-up
-sub psql_file
+# run COMMAND in DIR, as bench/*/run.sh runs it there: (ok, stdout, stderr)
+sub run_in_dir
 {
-	my ($dir, $db, $file, @opts) = @_;
+	my ($dir, @cmd) = @_;
 	my ($out, $err) = ('', '');
-	my $ok = IPC::Run::run(
-		[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', @opts, '-d', $db, '-f', $file ],
-		'>', \$out, '2>', \$err,
+	my $ok = IPC::Run::run(\@cmd, '>', \$out, '2>', \$err,
 		init => sub { chdir $dir or die "chdir $dir: $!" });
 	return ($ok, $out, $err);
 }
 
+my @psql = ('psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1');
+
 # ---- bench/keys
-my ($ok, $out, $err) = psql_file('bench/keys', 'postgres', 'setup.sql');
+my ($ok, $out, $err) = run_in_dir('bench/keys', @psql, '-d', 'postgres', '-f', 'setup.sql');
 ok($ok, 'bench/keys: the set-up runs') or diag($err);
 is( $node->safe_psql('bench_keys', q{
 		SELECT (SELECT count(*) FROM idempotency.keys WHERE status = 'succeeded')
@@ -47,14 +47,8 @@ my @scripts = map { s{^bench/keys/}{}r } sort glob('bench/keys/{new,replay}_*.sq
 cmp_ok(scalar @scripts, '>=', 12, 'bench/keys: its pgbench scripts are found');
 for my $script (@scripts)
 {
-	my ($pout, $perr) = ('', '');
-	my $pok = IPC::Run::run(
-		[
-			'pgbench', '-n', '-M', 'prepared', '-c', '2', '-j', '2', '-t', '5',
-			'-f', $script, 'bench_keys'
-		],
-		'>', \$pout, '2>', \$perr,
-		init => sub { chdir 'bench/keys' or die $! });
+	my ($pok, $pout, $perr) = run_in_dir('bench/keys', 'pgbench', '-n', '-M', 'prepared',
+		'-c', '2', '-j', '2', '-t', '5', '-f', $script, 'bench_keys');
 	ok($pok && $pout =~ m{number of transactions actually processed: 10/10},
 		"bench/keys: $script runs") or diag($pout, $perr);
 }
@@ -63,14 +57,15 @@ is( $node->safe_psql('bench_keys',
 	10000 + 10 * scalar(grep { /^new_(ext|exec|rated)\.sql$/ } @scripts),
 	'bench/keys: each new request of the extension finished its key');
 
-($ok, $out, $err) = psql_file('bench/keys', 'bench_keys', 'percall.sql', '-At', '-F', ' ');
+($ok, $out, $err) = run_in_dir('bench/keys', @psql, '-At', '-F', ' ', '-d', 'bench_keys',
+	'-f', 'percall.sql');
 ok($ok, 'bench/keys: the per-call measurements run') or diag($err);
 like($out, qr/^newcomplete_ext [0-9.]+$/m,
 	'bench/keys: they report a pair reserved and completed');
 
 # ---- bench/outbox
 $node->safe_psql('postgres', 'CREATE DATABASE bench_outbox');
-($ok, $out, $err) = psql_file('bench/outbox', 'bench_outbox', 'setup.sql');
+($ok, $out, $err) = run_in_dir('bench/outbox', @psql, '-d', 'bench_outbox', '-f', 'setup.sql');
 ok($ok, 'bench/outbox: the set-up runs') or diag($err);
 for my $table ('idempotency.outbox', 'plain_outbox')
 {
@@ -83,9 +78,7 @@ for my $table ('idempotency.outbox', 'plain_outbox')
 for my $call ('CALL bench_outbox_one(50)', 'CALL bench_plain_one(50)',
 	'CALL bench_plain_one(50, true)')
 {
-	my ($cout, $cerr) = ('', '');
-	my $cok = IPC::Run::run([ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', 'bench_outbox', '-c', $call ],
-		'>', \$cout, '2>', \$cerr);
+	my ($cok, $cout, $cerr) = run_in_dir('bench/outbox', @psql, '-d', 'bench_outbox', '-c', $call);
 	ok($cok, "bench/outbox: $call runs") or diag($cerr);
 }
 is( $node->safe_psql('bench_outbox', q{
