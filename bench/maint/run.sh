@@ -18,15 +18,18 @@
 #      in heap blocks read and milliseconds;
 #   3. the reaper: CALL idem_maintain(...) reaping the expired millions
 #      while pgbench runs the new-request workload, with a stretch without
-#      reaping before and after; reports rows reaped per second, p50/p99
-#      with and without reaping, and draws p50/p99 per second with the
+#      reaping before and after; reports rows reaped per second, and p50,
+#      p99, p99.9, the slowest request and the worst second's p99 before,
+#      while and after reaping, and draws p50/p99 per second with the
 #      reaping marked (gnuplot) into ../results/maint-latency.png.
 #
 # Run by bench/run.sh (as postgres, PG* set, cwd bench/maint).  Settings:
 # KEYS, SMALL_KEYS, CLIENTS and DURATION (throughput runs), REAP_CLIENTS,
 # REAP_SECONDS (time budget of idem_maintain), QUIET_SECONDS (without
-# reaping, before and after), MAINTAIN (the statement that reaps), FILL_JOBS
-# (parallel fill sessions).  A quick run: KEYS=1000000 REAP_SECONDS=30.
+# reaping, before and after), MAINTAIN (the statement that reaps),
+# REAPER_PGOPTIONS (PGOPTIONS of the reaping session only, e.g.
+# "-c backend_flush_after=256kB"), FILL_JOBS (parallel fill sessions).
+# A quick run: KEYS=1000000 REAP_SECONDS=30.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -272,7 +275,7 @@ bench_pid=$!
 start=$(now)
 sleep "$QUIET_SECONDS"
 t0=$(now)
-(psql_q "$BIG" -c "$MAINTAIN" && now > "$tmp/t1") &
+(PGOPTIONS="${REAPER_PGOPTIONS:-}" psql_q "$BIG" -c "$MAINTAIN" && now > "$tmp/t1") &
 maint_pid=$!
 ticks=0
 while kill -0 "$maint_pid" 2>/dev/null; do
@@ -292,17 +295,34 @@ echo "  reaped $reaped keys in $(calc "$t1 - $t0") s = $rate rows/s; $(sizes "$B
 
 # per transaction: end time (epoch s) and latency (ms)
 cat "$tmp"/txlog.* 2>/dev/null | awk 'NF == 6 && $5 > 1e9 { printf "%.6f %.3f\n", $5 + $6 / 1e6, $3 / 1000 }' > "$tmp/lat"
-pct() { sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) { print "nan 0"; exit }
-        i = int(NR * '"$1"'); if (i < 1) i = 1; printf "%.2f %d\n", v[i], NR }'; }
-read -r p99_quiet n_quiet < <(awk -v a="$t0" -v b="$t1" '$1 < a || $1 > b { print $2 }' "$tmp/lat" | pct 0.99)
-read -r p50_quiet _ < <(awk -v a="$t0" -v b="$t1" '$1 < a || $1 > b { print $2 }' "$tmp/lat" | pct 0.50)
-read -r p99_reap n_reap < <(awk -v a="$t0" -v b="$t1" '$1 >= a && $1 <= b { print $2 }' "$tmp/lat" | pct 0.99)
-read -r p50_reap _ < <(awk -v a="$t0" -v b="$t1" '$1 >= a && $1 <= b { print $2 }' "$tmp/lat" | pct 0.50)
+# window b|r|a: the requests that ended before (b), during (r) or after
+# (a) the reaping: count, p50, p99, p99.9, the slowest, and the worst
+# second's p99 (seconds with at least 20 requests); stalls of a few seconds
+# hide below a p99 taken over minutes.
+window() {
+    local sel
+    sel=$(awk -v a="$t0" -v b="$t1" -v w="$1" '(w == "b" && $1 < a) || (w == "r" && $1 >= a && $1 <= b) ||
+                                               (w == "a" && $1 > b) { printf "%d %s\n", int($1), $2 }' "$tmp/lat")
+    if [ -z "$sel" ]; then echo "0 nan nan nan nan nan"; return; fi
+    echo "$(echo "$sel" | awk '{ print $2 }' | sort -n |
+                awk 'function at(q) { i = int(NR * q); if (i < 1) i = 1; return v[i] }
+                     { v[NR] = $1 }
+                     END { printf "%d %.2f %.2f %.2f %.2f", NR, at(0.5), at(0.99), at(0.999), v[NR] }')" \
+         "$(echo "$sel" | sort -k1,1n -k2,2n |
+                awk 'function flush() { if (n >= 20) { i = int(n * 0.99); if (v[i] > w) w = v[i] } n = 0 }
+                     { if ($1 != sec && n > 0) flush(); sec = $1; v[++n] = $2 }
+                     END { flush(); printf "%.2f", w }')"
+}
+read -r n_before p50_before p99_before p999_before max_before worst_before < <(window b)
+read -r n_reap p50_reap p99_reap p999_reap max_reap worst_reap < <(window r)
+read -r n_after p50_after p99_after p999_after max_after worst_after < <(window a)
 last=$(awk 'BEGIN { m = 0 } $1 > m { m = $1 } END { printf "%.6f", m }' "$tmp/lat")
-quiet_s=$(calc "($last - $start) - ($t1 - $t0)")
-echo "  without reaping: p50 $p50_quiet ms, p99 $p99_quiet ms, $(calc "$n_quiet / $quiet_s") tps"
-echo "  while reaping:   p50 $p50_reap ms, p99 $p99_reap ms, $(calc "$n_reap / ($t1 - $t0)") tps"
-echo "  p99 while reaping / without: $(calc "$p99_reap / $p99_quiet")x (target <= 1.5x); reaper $rate rows/s"
+line() { echo "  $1 p50 $2 ms, p99 $3 ms, p99.9 $4 ms, slowest $5 ms, worst second's p99 $6 ms, $7 tps"; }
+line "before reaping:" "$p50_before" "$p99_before" "$p999_before" "$max_before" "$worst_before" "$(calc "$n_before / ($t0 - $start)")"
+line "while reaping: " "$p50_reap" "$p99_reap" "$p999_reap" "$max_reap" "$worst_reap" "$(calc "$n_reap / ($t1 - $t0)")"
+line "after reaping: " "$p50_after" "$p99_after" "$p999_after" "$max_after" "$worst_after" "$(calc "$n_after / ($last - $t1)")"
+echo "  p99 while reaping / before: $(calc "$p99_reap / $p99_before")x (target <= 1.5x); reaper $rate rows/s"
+echo "  (the reference is the stretch before: after reaping, the pages the reaper dirtied are still being written out)"
 
 # p50 / p99 / transactions per second since the start, and the picture
 awk -v s="$start" '{ printf "%d %s\n", int($1 - s), $2 }' "$tmp/lat" | sort -k1,1n -k2,2n |
