@@ -1,7 +1,8 @@
 # The workloads under bench/ still run against the extension as it is:
 # bench/keys' set-up, each of its pgbench scripts for a few transactions
 # from two clients, and its per-call measurements; bench/outbox's set-up
-# and a few rounds of its server-side loops on both queues.  make bench
+# and a few rounds of its server-side loops on both queues; bench/maint
+# whole, with 20,000 keys and a few seconds of reaping.  make bench
 # measures, and takes minutes; this only checks that what it runs runs (a
 # set-up that reserved more keys in one transaction than
 # idempotency.max_keys_per_transaction allows stopped bench/keys before
@@ -87,6 +88,35 @@ is( $node->safe_psql('bench_outbox', q{
 		    || ' ' || (SELECT count(*) FROM plain_outbox)}),
 	'50 50 350',
 	'bench/outbox: each loop delivered its rounds');
+
+# ---- bench/maint, at a small scale: the whole script, its three parts
+my $results = PostgreSQL::Test::Utils::tempdir();
+{
+	local $ENV{KEYS} = 20000;
+	local $ENV{SMALL_KEYS} = 2000;
+	local $ENV{CHUNK} = 10000;
+	local $ENV{CLIENTS} = 2;
+	local $ENV{DURATION} = 1;
+	local $ENV{REAP_SECONDS} = 3;
+	local $ENV{QUIET_SECONDS} = 2;
+	local $ENV{BENCH_RESULTS} = $results;
+	($ok, $out, $err) = run_in_dir('bench/maint', 'bash', 'run.sh');
+}
+ok($ok, 'bench/maint: runs at a small scale') or diag($out, $err);
+like($out, qr{^  new: 20000 keys against 2000: +[0-9.]+x}m,
+	'bench/maint: it compares new requests in the large and the small table');
+like($out, qr{^  scheduled run \(idem_sweep\(\), one slice\) run 3: [0-9]+ blocks}m,
+	'bench/maint: it measures the scheduled sweep');
+for my $when ('before', 'while', 'after')
+{
+	like($out,
+		qr{^  $when reaping: +p50 [0-9.]+ ms, p99 [0-9.]+ ms, p99\.9 [0-9.]+ ms, slowest [0-9.]+ ms, worst second's p99 [0-9.]+ ms, [0-9.]+ tps$}m,
+		"bench/maint: it reports the latency $when reaping");
+}
+like($out, qr{^  p99 while reaping / before: [0-9.]+x}m,
+	'bench/maint: it reports the p99 while reaping against before');
+like($out, qr{^  reaped [1-9][0-9]* keys}m, 'bench/maint: the reaper reaped');
+ok(-s "$results/maint-latency.dat", 'bench/maint: the latency per second is written');
 
 $node->stop;
 done_testing();

@@ -28,7 +28,8 @@
 # REAP_SECONDS (time budget of idem_maintain), QUIET_SECONDS (without
 # reaping, before and after), MAINTAIN (the statement that reaps),
 # REAPER_PGOPTIONS (PGOPTIONS of the reaping session only, e.g.
-# "-c backend_flush_after=256kB"), FILL_JOBS (parallel fill sessions).
+# "-c backend_flush_after=256kB"), FILL_JOBS (parallel fill sessions),
+# BENCH_RESULTS (where the picture and its data go; ../results).
 # A quick run: KEYS=1000000 REAP_SECONDS=30.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -45,7 +46,7 @@ FILL_JOBS=${FILL_JOBS:-2}
 CHUNK=${CHUNK:-500000}
 BIG=bench_maint_big
 SMALL=bench_maint_small
-RESULTS=$(cd .. && pwd)/results
+RESULTS=${BENCH_RESULTS:-$(cd .. && pwd)/results}
 KEYS_DIR=$(cd ../keys && pwd)
 mkdir -p "$RESULTS"
 
@@ -297,12 +298,13 @@ echo "  reaped $reaped keys in $(calc "$t1 - $t0") s = $rate rows/s; $(sizes "$B
 cat "$tmp"/txlog.* 2>/dev/null | awk 'NF == 6 && $5 > 1e9 { printf "%.6f %.3f\n", $5 + $6 / 1e6, $3 / 1000 }' > "$tmp/lat"
 # window b|r|a: the requests that ended before (b), during (r) or after
 # (a) the reaping: count, p50, p99, p99.9, the slowest, and the worst
-# second's p99 (seconds with at least 20 requests); stalls of a few seconds
-# hide below a p99 taken over minutes.
+# second's p99 (seconds counted from the start, as in the picture, with at
+# least 20 requests); stalls of a few seconds hide below a p99 taken over
+# minutes.
 window() {
     local sel
-    sel=$(awk -v a="$t0" -v b="$t1" -v w="$1" '(w == "b" && $1 < a) || (w == "r" && $1 >= a && $1 <= b) ||
-                                               (w == "a" && $1 > b) { printf "%d %s\n", int($1), $2 }' "$tmp/lat")
+    sel=$(awk -v a="$t0" -v b="$t1" -v s="$start" -v w="$1" '(w == "b" && $1 < a) || (w == "r" && $1 >= a && $1 <= b) ||
+                                               (w == "a" && $1 > b) { printf "%d %s\n", int($1 - s), $2 }' "$tmp/lat")
     if [ -z "$sel" ]; then echo "0 nan nan nan nan nan"; return; fi
     echo "$(echo "$sel" | awk '{ print $2 }' | sort -n |
                 awk 'function at(q) { i = int(NR * q); if (i < 1) i = 1; return v[i] }
