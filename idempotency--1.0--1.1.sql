@@ -1140,11 +1140,17 @@ CREATE UNIQUE INDEX outbox_dedup_idx ON idempotency.outbox (tenant_id, topic, de
 
 /*
  * Ordered delivery: the rows of a tenant and ordering key not yet
- * finished, by id.  The claim asks it whether a row has an unfinished
- * predecessor; outbox.c repeats this status list (as "= ANY" of the same
- * statuses, which the planner proves equal).
+ * finished, by a 64-bit hash of the two, then id (integers are cheaper to
+ * compare than the two strings; outbox.c computes the same hash, and
+ * passes over rows of another key that share it).  The claim asks it
+ * whether a row has an unfinished predecessor; outbox.c repeats this
+ * status list (as "= ANY" of the same statuses, which the planner proves
+ * equal).
  */
-CREATE INDEX outbox_ordering_idx ON idempotency.outbox (tenant_id, ordering_key, id)
+CREATE INDEX outbox_ordering_idx ON idempotency.outbox
+    ((pg_catalog.hashtextextended(ordering_key,
+                                  pg_catalog.hashtextextended(tenant_id, 0::pg_catalog.int8))),
+     id)
     WHERE status IN ('pending', 'leased', 'dead') AND ordering_key IS NOT NULL;
 
 /*

@@ -58,6 +58,7 @@
 #include "access/xlog.h"
 #include "catalog/index.h"
 #include "catalog/pg_am_d.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_namespace.h"
@@ -677,6 +678,7 @@ typedef struct OutboxDirectIndex
 	Oid			oid;
 	IndexInfo  *info;
 	ExprState  *predicate;		/* NULL: not a partial index */
+	List	   *exprs;			/* ExprStates of its expression columns */
 	bool		unique;
 	bool		unchanged;		/* no key column is one the ack sets */
 	bool		claim_unchanged;	/* no key column is one a claim sets */
@@ -823,17 +825,92 @@ outbox_lock_ordering_key(const char *tenant, const char *ordering_key)
  * claim passes the row's tableoid, which on Citus is the shard the pass
  * reads.
  *
- * It probes the table's index on (tenant_id, ordering_key, id) directly,
- * as keys_fetch probes the primary key: outbox_ordering_idx, which holds
- * exactly the rows with an ordering key that are pending, leased or dead.
- * A row reached through it can only be such a row (status and ordering_key
- * are in its predicate, so an update changing either is never HOT and
- * leaves the index); the status is checked all the same.  Only the
- * extension's owner may call it: it is not granted to any role.
+ * It probes the table's index directly, as keys_fetch probes the primary
+ * key: outbox_ordering_idx, which holds exactly the rows with an ordering
+ * key that are pending, leased or dead, by a 64-bit hash of the tenant and
+ * the ordering key, then id.  Integers make each step of its descent
+ * cheap, where the two text columns cost two string comparisons a step,
+ * the second at an offset computed anew for every entry.  A row reached
+ * through it can only be such a row (status and ordering_key are in its
+ * predicate, so an update changing either is never HOT and leaves the
+ * index); the status is checked all the same, and so are the tenant and
+ * the key: rows of another key with the same hash are passed over.  Only
+ * the extension's owner may call it: it is not granted to any role.
  */
 static AttrNumber ordering_head_status_attnum;
 static AttrNumber ordering_head_id_attnum;
+static AttrNumber ordering_head_tenant_attnum;
+static AttrNumber ordering_head_key_attnum;
 static Oid	ordering_head_status[3];	/* pending, leased, dead */
+
+/*
+ * Whether "expr" is hashtextextended(<text column "arg">, seed), in
+ * collation "C"; *seed is set to the second argument.
+ */
+static bool
+ordering_hash_call(Node *expr, AttrNumber arg, Node **seed)
+{
+	FuncExpr   *f;
+	Var		   *v;
+
+	if (expr == NULL || !IsA(expr, FuncExpr))
+		return false;
+	f = (FuncExpr *) expr;
+	if (f->funcid != F_HASHTEXTEXTENDED || list_length(f->args) != 2 ||
+		f->inputcollid != C_COLLATION_OID)
+		return false;
+	v = (Var *) linitial(f->args);
+	if (!IsA(v, Var) || v->varattno != arg)
+		return false;
+	*seed = (Node *) lsecond(f->args);
+	return true;
+}
+
+/*
+ * Whether "index" is outbox_ordering_idx's shape:
+ * (hashtextextended(ordering_key, hashtextextended(tenant_id, 0)), id).
+ */
+static bool
+ordering_index_matches(Relation index, AttrNumber tenant, AttrNumber key,
+					   AttrNumber id)
+{
+	Form_pg_index form = index->rd_index;
+	List	   *exprs;
+	Node	   *seed;
+	Node	   *zero;
+	bool		match;
+
+	if (index->rd_rel->relam != BTREE_AM_OID || !form->indisvalid ||
+		form->indnkeyatts != 2 || form->indkey.values[0] != 0 ||
+		form->indkey.values[1] != id)
+		return false;
+	exprs = RelationGetIndexExpressions(index);
+	match = list_length(exprs) == 1 &&
+		ordering_hash_call((Node *) linitial(exprs), key, &seed) &&
+		ordering_hash_call(seed, tenant, &zero) &&
+		IsA(zero, Const) && ((Const *) zero)->consttype == INT8OID &&
+		!((Const *) zero)->constisnull &&
+		DatumGetInt64(((Const *) zero)->constvalue) == 0;
+	list_free_deep(exprs);
+	return match;
+}
+
+/*
+ * The key outbox_ordering_idx orders a tenant's and ordering key's rows
+ * by: hashtextextended(ordering_key, hashtextextended(tenant_id, 0)), as
+ * the index computes it (both columns are in collation "C").
+ */
+static int64
+ordering_hash(Datum tenant, Datum ordering_key)
+{
+	Datum		seed;
+
+	seed = DirectFunctionCall2Coll(hashtextextended, C_COLLATION_OID,
+								   tenant, Int64GetDatum(0));
+	return DatumGetInt64(DirectFunctionCall2Coll(hashtextextended,
+												 C_COLLATION_OID,
+												 ordering_key, seed));
+}
 
 static void
 ordering_head_lookup(Relation heap)
@@ -856,16 +933,14 @@ ordering_head_lookup(Relation heap)
 	indexes = RelationGetIndexList(heap);
 	foreach(lc, indexes)
 	{
-		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
-		Form_pg_index form = index->rd_index;
+		Relation	index;
 		bool		match;
 
-		match = index->rd_rel->relam == BTREE_AM_OID &&
-			form->indisvalid && form->indnkeyatts == 3 &&
-			RelationGetIndexExpressions(index) == NIL;
-		for (int i = 0; match && i < 3; i++)
-			match = want[i] != InvalidAttrNumber &&
-				form->indkey.values[i] == want[i];
+		if (want[0] == InvalidAttrNumber || want[1] == InvalidAttrNumber ||
+			want[2] == InvalidAttrNumber)
+			break;
+		index = index_open(lfirst_oid(lc), AccessShareLock);
+		match = ordering_index_matches(index, want[0], want[1], want[2]);
 		index_close(index, NoLock);
 		if (match)
 		{
@@ -879,7 +954,7 @@ ordering_head_lookup(Relation heap)
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("\"%s\" is not an outbox with ordered delivery",
 						RelationGetRelationName(heap)),
-				 errdetail("It has no index on (tenant_id, ordering_key, id) or no status column."),
+				 errdetail("It has no index on (hash of tenant_id and ordering_key, id) or no status column."),
 				 errhint("Pass the tableoid of an idempotency.outbox row; if outbox_ordering_idx was dropped, reinstall the extension.")));
 	for (int i = 0; i < 3; i++)
 	{
@@ -898,8 +973,20 @@ ordering_head_lookup(Relation heap)
 	}
 	ordering_head_index = found;
 	ordering_head_status_attnum = status;
+	ordering_head_tenant_attnum = want[0];
+	ordering_head_key_attnum = want[1];
 	ordering_head_id_attnum = want[2];
 	ordering_head_heap = relid;
+}
+
+/* Whether the text "d" holds the same bytes as "t". */
+static bool
+ordering_text_equal(Datum d, text *t)
+{
+	text	   *u = DatumGetTextPP(d);
+
+	return VARSIZE_ANY_EXHDR(u) == VARSIZE_ANY_EXHDR(t) &&
+		memcmp(VARDATA_ANY(u), VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t)) == 0;
 }
 
 /*
@@ -914,9 +1001,11 @@ outbox_ordering_probe(Relation heap, Datum tenant, Datum ordering_key,
 					  Datum id, Snapshot snapshot, int64 *head)
 {
 	Relation	index;
-	ScanKeyData skey[3];
+	ScanKeyData skey[2];
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
+	text	   *t = DatumGetTextPP(tenant);
+	text	   *k = DatumGetTextPP(ordering_key);
 	bool		earlier = false;
 
 	/* registers the relcache callback that clears the cache below */
@@ -925,32 +1014,42 @@ outbox_ordering_probe(Relation heap, Datum tenant, Datum ordering_key,
 		ordering_head_lookup(heap);
 	index = index_open(ordering_head_index, AccessShareLock);
 	ScanKeyEntryInitialize(&skey[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
-						   index->rd_indcollation[0], F_TEXTEQ, tenant);
-	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
-						   index->rd_indcollation[1], F_TEXTEQ, ordering_key);
-	ScanKeyEntryInitialize(&skey[2], 0, 3, BTLessStrategyNumber, InvalidOid,
+						   InvalidOid, F_INT8EQ,
+						   Int64GetDatum(ordering_hash(PointerGetDatum(t),
+													   PointerGetDatum(k))));
+	ScanKeyEntryInitialize(&skey[1], 0, 2, BTLessStrategyNumber, InvalidOid,
 						   InvalidOid, F_INT8LT, id);
 	slot = table_slot_create(heap, NULL);
 #if PG_VERSION_NUM >= 180000
-	scan = index_beginscan(heap, index, snapshot, NULL, 3, 0);
+	scan = index_beginscan(heap, index, snapshot, NULL, 2, 0);
 #else
-	scan = index_beginscan(heap, index, snapshot, 3, 0);
+	scan = index_beginscan(heap, index, snapshot, 2, 0);
 #endif
-	index_rescan(scan, skey, 3, NULL, 0);
+	index_rescan(scan, skey, 2, NULL, 0);
 	while (!earlier && index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		bool		isnull;
 		Oid			status;
+		Datum		d;
 
 		status = DatumGetObjectId(slot_getattr(slot,
 											   ordering_head_status_attnum,
 											   &isnull));
-		earlier = !isnull && (status == ordering_head_status[0] ||
-							  status == ordering_head_status[1] ||
-							  status == ordering_head_status[2]);
-		if (earlier)
-			*head = DatumGetInt64(slot_getattr(slot, ordering_head_id_attnum,
-											   &isnull));
+		if (isnull || (status != ordering_head_status[0] &&
+					   status != ordering_head_status[1] &&
+					   status != ordering_head_status[2]))
+			continue;
+
+		/* another tenant and key with the same hash: not a predecessor */
+		d = slot_getattr(slot, ordering_head_tenant_attnum, &isnull);
+		if (isnull || !ordering_text_equal(d, t))
+			continue;
+		d = slot_getattr(slot, ordering_head_key_attnum, &isnull);
+		if (isnull || !ordering_text_equal(d, k))
+			continue;
+		earlier = true;
+		*head = DatumGetInt64(slot_getattr(slot, ordering_head_id_attnum,
+										   &isnull));
 	}
 	if (!earlier)
 		*head = DatumGetInt64(id);
@@ -2574,8 +2673,9 @@ outbox_direct_check(Relation heap)
 	}
 
 	/*
-	 * Indexes: B-trees on columns; exclusion, deferred uniqueness and
-	 * expressions are the executor's.
+	 * Indexes: B-trees on columns and expressions (outbox_ordering_idx is on
+	 * a hash of two columns); exclusion and deferred uniqueness are the
+	 * executor's.
 	 */
 	indexes = usable ? RelationGetIndexList(heap) : NIL;
 	outbox_direct.indexes = palloc0(Max(list_length(indexes), 1) *
@@ -2588,8 +2688,7 @@ outbox_direct_check(Relation heap)
 
 		if (index->rd_rel->relam != BTREE_AM_OID ||
 			index->rd_index->indisexclusion ||
-			!index->rd_index->indimmediate ||
-			RelationGetIndexExpressions(index) != NIL)
+			!index->rd_index->indimmediate)
 		{
 			usable = false;
 			index_close(index, AccessShareLock);
@@ -2602,17 +2701,43 @@ outbox_direct_check(Relation heap)
 		entry->predicate = info->ii_Predicate == NIL ? NULL :
 			ExecInitQual((List *) expression_planner((Expr *) info->ii_Predicate),
 						 NULL);
+		entry->exprs = info->ii_Expressions == NIL ? NIL :
+			ExecInitExprList((List *) expression_planner((Expr *) info->ii_Expressions),
+							 NULL);
 		entry->unique = index->rd_index->indisunique;
 		entry->unchanged = true;
 		entry->claim_unchanged = true;
 		for (int a = 0; a < info->ii_NumIndexAttrs; a++)
 		{
+			if (info->ii_IndexAttrNumbers[a] < 0)
+				usable = false; /* a system column: the executor's */
 			if (bms_is_member(info->ii_IndexAttrNumbers[a], changed))
 				entry->unchanged = false;
 			if (bms_is_member(info->ii_IndexAttrNumbers[a], claim_changed))
 				entry->claim_unchanged = false;
 		}
+		if (info->ii_Expressions != NIL)
+		{
+			Bitmapset  *attrs = NULL;
+			int			attr = -1;
+
+			/* the columns its expressions read */
+			pull_varattnos((Node *) info->ii_Expressions, 1, &attrs);
+			while ((attr = bms_next_member(attrs, attr)) >= 0)
+			{
+				AttrNumber	attnum = attr + FirstLowInvalidHeapAttributeNumber;
+
+				if (attnum <= 0)
+					usable = false;
+				if (bms_is_member(attnum, changed))
+					entry->unchanged = false;
+				if (bms_is_member(attnum, claim_changed))
+					entry->claim_unchanged = false;
+			}
+		}
 		index_close(index, AccessShareLock);
+		if (!usable)
+			break;
 	}
 	if (usable)
 		outbox_direct.econtext = CreateStandaloneExprContext();
@@ -2642,6 +2767,33 @@ typedef TU_UpdateIndexes OutboxUpdateIndexes;
 #else
 typedef bool OutboxUpdateIndexes;
 #endif
+
+/*
+ * The values of "entry"'s columns for the version in "slot", as
+ * FormIndexDatum computes them, its expressions evaluated in "econtext"
+ * (FormIndexDatum wants an executor state for them).
+ */
+static void
+outbox_direct_index_values(OutboxDirectIndex *entry, TupleTableSlot *slot,
+						   ExprContext *econtext, Datum *values, bool *isnull)
+{
+	ListCell   *next = list_head(entry->exprs);
+
+	for (int a = 0; a < entry->info->ii_NumIndexAttrs; a++)
+	{
+		AttrNumber	attnum = entry->info->ii_IndexAttrNumbers[a];
+
+		if (attnum != 0)
+			values[a] = slot_getattr(slot, attnum, &isnull[a]);
+		else
+		{
+			Assert(next != NULL);
+			values[a] = ExecEvalExprSwitchContext((ExprState *) lfirst(next),
+												  econtext, &isnull[a]);
+			next = lnext(entry->exprs, next);
+		}
+	}
+}
 
 static void
 outbox_direct_index(Relation heap, Relation pkey, TupleTableSlot *slot,
@@ -2680,7 +2832,7 @@ outbox_direct_index(Relation heap, Relation pkey, TupleTableSlot *slot,
 			continue;
 		index = entry->oid == RelationGetRelid(pkey) ? pkey :
 			index_open(entry->oid, RowExclusiveLock);
-		FormIndexDatum(entry->info, slot, NULL, values, isnull);
+		outbox_direct_index_values(entry, slot, econtext, values, isnull);
 		(void) index_insert(index, values, isnull, &slot->tts_tid, heap,
 							entry->unique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
 							claim ? entry->claim_unchanged : entry->unchanged,

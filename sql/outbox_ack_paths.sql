@@ -183,6 +183,37 @@ SELECT old_status, new_status FROM public.regress_obx_ap_audit ORDER BY id;
 DROP RULE regress_obx_ap_audit_upd ON idempotency.outbox;
 TRUNCATE public.regress_obx_ap_audit;
 
+-- an index on an expression (outbox_ordering_idx is one; here a DBA's, on
+-- columns a claim and an ack set): a claim of one row and the ack still
+-- write directly, and the index holds what the expression gives for the
+-- new versions (an index scan finds them)
+CREATE INDEX regress_obx_ap_expr ON idempotency.outbox
+    ((pg_catalog.lower(leased_by || '/' || coalesce(provider_ref, '-'))))
+    WHERE tenant_id = 'obx_ap';
+SELECT outbox_enqueue('obx_ap', 'obx.ap', '{"n": 8}') AS id8 \gset
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_upd AS upd_before FROM pg_stat_user_tables
+ WHERE relid = 'idempotency.outbox'::regclass \gset
+SELECT outbox_ack(tenant_id, id, lease_token, 'REF-8')
+  FROM outbox_claim('W8', 1, '1 minute', tenant => 'obx_ap');
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_upd - :upd_before AS updates FROM pg_stat_user_tables
+ WHERE relid = 'idempotency.outbox'::regclass;
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+EXPLAIN (COSTS OFF) SELECT id FROM idempotency.outbox
+ WHERE pg_catalog.lower(leased_by || '/' || coalesce(provider_ref, '-')) = 'w8/ref-8'
+   AND tenant_id = 'obx_ap';
+SELECT id = :id8 AS found_by_expression,
+       pg_catalog.lower(leased_by || '/' || coalesce(provider_ref, '-')) AS expr
+  FROM idempotency.outbox
+ WHERE pg_catalog.lower(leased_by || '/' || coalesce(provider_ref, '-')) IN ('w8/ref-8', 'w8/-')
+   AND tenant_id = 'obx_ap'
+ ORDER BY expr;
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+DROP INDEX idempotency.regress_obx_ap_expr;
+
 -- With idempotency.outbox_retention = 0 the ack deletes the row, directly
 -- too when the table is as made: the delete counted, the row gone from
 -- the table and every index, the fence as for a kept row
