@@ -1665,7 +1665,8 @@ keys_insert_row(Datum *colvalues, bool *colnulls)
 		heap->rd_rel->relam != HEAP_TABLE_AM_OID ||
 		heap->rd_rel->relrowsecurity ||
 		heap->trigdesc != NULL ||
-		heap->rd_rel->relhasrules ||
+		/* not relhasrules: it stays set after the last rule is dropped */
+		heap->rd_rules != NULL ||
 		(desc->constr != NULL &&
 		 (desc->constr->num_check > 0 || desc->constr->has_generated_stored)))
 	{

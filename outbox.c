@@ -2600,7 +2600,8 @@ outbox_direct_check(Relation heap)
 		!heap->rd_rel->relispartition &&
 		!heap->rd_rel->relrowsecurity &&
 		heap->trigdesc == NULL &&
-		!heap->rd_rel->relhasrules &&
+		/* not relhasrules: it stays set after the last rule is dropped */
+		heap->rd_rules == NULL &&
 		!outbox_has_generated(desc) &&
 		!OidIsValid(get_relname_relid("pg_dist_partition",
 									  PG_CATALOG_NAMESPACE));

@@ -182,6 +182,23 @@ SELECT outbox_ack(tenant_id, id, lease_token, 'ref-7')
 SELECT old_status, new_status FROM public.regress_obx_ap_audit ORDER BY id;
 DROP RULE regress_obx_ap_audit_upd ON idempotency.outbox;
 TRUNCATE public.regress_obx_ap_audit;
+-- the rule dropped, claims and acks write directly again, although
+-- pg_class.relhasrules stays set until the table is next vacuumed or
+-- analysed: a claim of one row behind an ordering key's held head probes
+-- the key's head once, as the direct claim does (the statements probe
+-- twice; before, a dropped rule sent every claim and ack to them)
+SELECT count(outbox_enqueue('obx_ap_rule', 'obx.ap', jsonb_build_object('n', g),
+                            ordering_key => 'R'))
+  FROM generate_series(1, 3) g;
+SELECT payload->>'n' AS head_leased
+  FROM outbox_claim('w', 1, '1 hour', tenant => 'obx_ap_rule');
+BEGIN;
+SELECT pg_stat_get_xact_numscans('idempotency.outbox_ordering_idx'::regclass) AS scans \gset
+SELECT count(*) AS claimed_behind_head
+  FROM outbox_claim('w', 1, '1 minute', tenant => 'obx_ap_rule');
+SELECT pg_stat_get_xact_numscans('idempotency.outbox_ordering_idx'::regclass) - :scans AS probes;
+COMMIT;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_ap_rule';
 
 -- an index on an expression (outbox_ordering_idx is one; here a DBA's, on
 -- columns a claim and an ack set): a claim of one row and the ack still
