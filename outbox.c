@@ -891,7 +891,7 @@ ordering_index_matches(Relation index, AttrNumber tenant, AttrNumber key,
 		IsA(zero, Const) && ((Const *) zero)->consttype == INT8OID &&
 		!((Const *) zero)->constisnull &&
 		DatumGetInt64(((Const *) zero)->constvalue) == 0;
-	list_free_deep(exprs);
+	list_free(exprs);
 	return match;
 }
 
@@ -930,15 +930,13 @@ ordering_head_lookup(Relation heap)
 	status = get_attnum(relid, "status");
 	status_type = status == InvalidAttrNumber ? InvalidOid :
 		get_atttype(relid, status);
-	indexes = RelationGetIndexList(heap);
+	indexes = (want[0] == InvalidAttrNumber || want[1] == InvalidAttrNumber ||
+			   want[2] == InvalidAttrNumber) ? NIL : RelationGetIndexList(heap);
 	foreach(lc, indexes)
 	{
 		Relation	index;
 		bool		match;
 
-		if (want[0] == InvalidAttrNumber || want[1] == InvalidAttrNumber ||
-			want[2] == InvalidAttrNumber)
-			break;
 		index = index_open(lfirst_oid(lc), AccessShareLock);
 		match = ordering_index_matches(index, want[0], want[1], want[2]);
 		index_close(index, NoLock);

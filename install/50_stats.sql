@@ -42,8 +42,9 @@ COMMENT ON FUNCTION idem_stats_reset() IS
  * index, see 20_keys.sql); the outbox's figures each come from a partial
  * index (outbox_claim_idx for pending rows, outbox_lease_idx for leased
  * ones, outbox_dead_idx for dead ones), so they cost what the backlog
- * holds, not the delivered rows kept for idempotency.outbox_retention.  The view runs with its owner's
- * rights, so pg_monitor needs no access to the tables themselves.
+ * holds, not the delivered rows kept for idempotency.outbox_retention.
+ * The view runs with its owner's rights, so pg_monitor needs no access to
+ * the tables themselves.
  */
 CREATE VIEW idempotency.health AS
 SELECT k.processing,

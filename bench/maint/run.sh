@@ -296,24 +296,34 @@ echo "  reaped $reaped keys in $(calc "$t1 - $t0") s = $rate rows/s; $(sizes "$B
 
 # per transaction: end time (epoch s) and latency (ms)
 cat "$tmp"/txlog.* 2>/dev/null | awk 'NF == 6 && $5 > 1e9 { printf "%.6f %.3f\n", $5 + $6 / 1e6, $3 / 1000 }' > "$tmp/lat"
+# p50 / p99 / transactions per second since the start, for the picture
+# and for each window's worst second
+awk -v s="$start" '{ printf "%d %s\n", int($1 - s), $2 }' "$tmp/lat" | sort -k1,1n -k2,2n |
+    awk 'function flush() { if (n == 0) return
+             i50 = int(n * 0.5); if (i50 < 1) i50 = 1
+             i99 = int(n * 0.99); if (i99 < 1) i99 = 1
+             printf "%d %.3f %.3f %d\n", sec, v[i50], v[i99], n; n = 0 }
+         { if ($1 != sec && n > 0) flush(); sec = $1; v[++n] = $2 }
+         END { flush() }' > "$RESULTS/maint-latency.dat"
 # window b|r|a: the requests that ended before (b), during (r) or after
 # (a) the reaping: count, p50, p99, p99.9, the slowest, and the worst
-# second's p99 (seconds counted from the start, as in the picture, with at
-# least 20 requests); stalls of a few seconds hide below a p99 taken over
-# minutes.
+# second's p99 (of the picture's seconds, counted from the start, with at
+# least 20 requests: those wholly before, any part of which fell while
+# reaping, or wholly after); stalls of a few seconds hide below a p99
+# taken over minutes.
 window() {
     local sel
-    sel=$(awk -v a="$t0" -v b="$t1" -v s="$start" -v w="$1" '(w == "b" && $1 < a) || (w == "r" && $1 >= a && $1 <= b) ||
-                                               (w == "a" && $1 > b) { printf "%d %s\n", int($1 - s), $2 }' "$tmp/lat")
+    sel=$(awk -v a="$t0" -v b="$t1" -v w="$1" '(w == "b" && $1 < a) || (w == "r" && $1 >= a && $1 <= b) ||
+                                               (w == "a" && $1 > b) { print $2 }' "$tmp/lat")
     if [ -z "$sel" ]; then echo "0 nan nan nan nan nan"; return; fi
-    echo "$(echo "$sel" | awk '{ print $2 }' | sort -n |
+    echo "$(echo "$sel" | sort -n |
                 awk 'function at(q) { i = int(NR * q); if (i < 1) i = 1; return v[i] }
                      { v[NR] = $1 }
                      END { printf "%d %.2f %.2f %.2f %.2f", NR, at(0.5), at(0.99), at(0.999), v[NR] }')" \
-         "$(echo "$sel" | sort -k1,1n -k2,2n |
-                awk 'function flush() { if (n >= 20) { i = int(n * 0.99); if (v[i] > w) w = v[i] } n = 0 }
-                     { if ($1 != sec && n > 0) flush(); sec = $1; v[++n] = $2 }
-                     END { flush(); printf "%.2f", w }')"
+         "$(awk -v a="$(calc "$t0 - $start")" -v b="$(calc "$t1 - $start")" -v w="$1" '
+                $4 >= 20 && ((w == "b" && $1 + 1 <= a) || (w == "r" && $1 + 1 > a && $1 <= b) ||
+                             (w == "a" && $1 >= b)) && (n++ == 0 || $3 > worst) { worst = $3 }
+                END { if (n) printf "%.2f", worst; else printf "nan" }' "$RESULTS/maint-latency.dat")"
 }
 read -r n_before p50_before p99_before p999_before max_before worst_before < <(window b)
 read -r n_reap p50_reap p99_reap p999_reap max_reap worst_reap < <(window r)
@@ -326,14 +336,6 @@ line "after reaping: " "$p50_after" "$p99_after" "$p999_after" "$max_after" "$wo
 echo "  p99 while reaping / before: $(calc "$p99_reap / $p99_before")x (target <= 1.5x); reaper $rate rows/s"
 echo "  (the reference is the stretch before: after reaping, the pages the reaper dirtied are still being written out)"
 
-# p50 / p99 / transactions per second since the start, and the picture
-awk -v s="$start" '{ printf "%d %s\n", int($1 - s), $2 }' "$tmp/lat" | sort -k1,1n -k2,2n |
-    awk 'function flush() { if (n == 0) return
-             i50 = int(n * 0.5); if (i50 < 1) i50 = 1
-             i99 = int(n * 0.99); if (i99 < 1) i99 = 1
-             printf "%d %.3f %.3f %d\n", sec, v[i50], v[i99], n; n = 0 }
-         { if ($1 != sec && n > 0) flush(); sec = $1; v[++n] = $2 }
-         END { flush() }' > "$RESULTS/maint-latency.dat"
 from=$(calc "$t0 - $start")
 to=$(calc "$t1 - $start")
 echo "$from $to" > "$RESULTS/maint-latency.reaping"
