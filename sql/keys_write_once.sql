@@ -209,6 +209,28 @@ COMMIT;
 SELECT outcome FROM idem_reserve('wo_a', 'orders', 'rule-2', '{"amount": 17}'::jsonb);
 SELECT * FROM wo_audit WHERE idem_key LIKE 'rule:%' ORDER BY 1;
 DROP RULE wo_audit_rule ON idempotency.keys;
+-- the rule dropped, a new key's row is written directly again, although
+-- pg_class.relhasrules stays set until the table is next vacuumed or
+-- analysed (before, every new key went through INSERT until then).  The
+-- probe: the INSERT of a finished row leaves needs_reconciliation to its
+-- default, which here calls a function that counts its calls; the direct
+-- insert writes false itself
+CREATE FUNCTION public.wo_default_probe() RETURNS bool
+LANGUAGE plpgsql AS $$ BEGIN RETURN false; END $$;
+ALTER TABLE idempotency.keys ALTER COLUMN needs_reconciliation
+    SET DEFAULT public.wo_default_probe();
+SET track_functions = 'pl';
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'rule-3', '{"amount": 16}'::jsonb);
+SELECT idem_complete('wo_a', 'orders', 'rule-3', 201, '{}');
+SELECT coalesce(pg_stat_get_xact_function_calls('public.wo_default_probe()'::regprocedure), 0)
+       AS default_calls;
+COMMIT;
+RESET track_functions;
+ALTER TABLE idempotency.keys ALTER COLUMN needs_reconciliation SET DEFAULT false;
+DROP FUNCTION public.wo_default_probe();
+SELECT status, needs_reconciliation FROM idempotency.keys
+ WHERE tenant_id = 'wo_a' AND idem_key = 'rule-3';
 ALTER TABLE idempotency.keys ADD CONSTRAINT wo_no_teapot CHECK (response_code IS DISTINCT FROM 418);
 BEGIN;
 SELECT outcome FROM idem_reserve('wo_a', 'orders', 'check-1', '{"amount": 18}'::jsonb);
