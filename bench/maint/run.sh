@@ -305,6 +305,8 @@ awk -v s="$start" '{ printf "%d %s\n", int($1 - s), $2 }' "$tmp/lat" | sort -k1,
              printf "%d %.3f %.3f %d\n", sec, v[i50], v[i99], n; n = 0 }
          { if ($1 != sec && n > 0) flush(); sec = $1; v[++n] = $2 }
          END { flush() }' > "$RESULTS/maint-latency.dat"
+from=$(calc "$t0 - $start")
+to=$(calc "$t1 - $start")
 # window b|r|a: the requests that ended before (b), during (r) or after
 # (a) the reaping: count, p50, p99, p99.9, the slowest, and the worst
 # second's p99 (of the picture's seconds, counted from the start, with at
@@ -320,7 +322,7 @@ window() {
                 awk 'function at(q) { i = int(NR * q); if (i < 1) i = 1; return v[i] }
                      { v[NR] = $1 }
                      END { printf "%d %.2f %.2f %.2f %.2f", NR, at(0.5), at(0.99), at(0.999), v[NR] }')" \
-         "$(awk -v a="$(calc "$t0 - $start")" -v b="$(calc "$t1 - $start")" -v w="$1" '
+         "$(awk -v a="$from" -v b="$to" -v w="$1" '
                 $4 >= 20 && ((w == "b" && $1 + 1 <= a) || (w == "r" && $1 + 1 > a && $1 <= b) ||
                              (w == "a" && $1 >= b)) && (n++ == 0 || $3 > worst) { worst = $3 }
                 END { if (n) printf "%.2f", worst; else printf "nan" }' "$RESULTS/maint-latency.dat")"
@@ -336,8 +338,6 @@ line "after reaping: " "$p50_after" "$p99_after" "$p999_after" "$max_after" "$wo
 echo "  p99 while reaping / before: $(calc "$p99_reap / $p99_before")x (target <= 1.5x); reaper $rate rows/s"
 echo "  (the reference is the stretch before: after reaping, the pages the reaper dirtied are still being written out)"
 
-from=$(calc "$t0 - $start")
-to=$(calc "$t1 - $start")
 echo "$from $to" > "$RESULTS/maint-latency.reaping"
 if command -v gnuplot >/dev/null; then
     gnuplot <<GP
