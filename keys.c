@@ -2172,7 +2172,7 @@ reserve_rate_limited(KeyIdent *id, const ScopePolicy *policy,
 		return false;
 	/* a read-only transaction would fail at the insert, after the rate */
 	if (rated || policy->max_live_keys > 0)
-		idem_require_writable("idem_reserve");
+		idem_require_writable("idem_reserve()");
 	if (!rated ||
 		idem_rate_admit(id->tenant, id->scope, policy->new_keys_per_second,
 						policy->new_keys_burst, &retry_after))
@@ -3174,26 +3174,6 @@ keys_store_or_release(KeyIdent *id, int32 code, Datum body, bool body_null,
 }
 
 /*
- * complete, checkpoint and release write the key's row: in a read-only
- * transaction they fail as their UPDATE or DELETE does, also when the row
- * is still this transaction's pending reservation (nothing written yet).
- * A reservation made before SET TRANSACTION READ ONLY is still written at
- * commit, as a row inserted before it would be.
- */
-static void
-keys_require_writable(const char *fn)
-{
-	if (XactReadOnly)
-		ereport(ERROR,
-				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
-				 errmsg("cannot execute %s in a read-only transaction", fn),
-				 RecoveryInProgress() ?
-				 errdetail("This server is a standby: this call writes the extension's tables.") :
-				 errdetail("This transaction is read-only: this call writes the extension's tables."),
-				 errhint("Send the call to the primary, in a read-write transaction; a standby answers replays of finished keys and lookups.")));
-}
-
-/*
  * idem_complete(tenant, scope, key, response_code, response_body,
  *				 response_headers, lock_token, retryable)
  *		RETURNS idempotency.status
@@ -3218,7 +3198,14 @@ idem_complete_body(FunctionCallInfo fcinfo)
 			idem_null_argument("retryable");
 		retryable = PG_GETARG_BOOL(7);
 	}
-	keys_require_writable("idem_complete()");
+	/*
+	 * complete, checkpoint and release write the key's row: in a read-only
+	 * transaction they fail as their UPDATE or DELETE would, also when the
+	 * row is still this transaction's pending reservation (nothing written
+	 * yet).  A reservation made before SET TRANSACTION READ ONLY is still
+	 * written at commit, as a row inserted before it would be.
+	 */
+	idem_require_writable("idem_complete()");
 
 	keys_ensure_cache();
 	idem_spi_connect();
@@ -3291,7 +3278,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(3))
 		idem_null_argument("recovery_point");
 	token = PG_ARGISNULL(4) ? NULL : PG_GETARG_UUID_P(4);
-	keys_require_writable("idem_checkpoint()");
+	idem_require_writable("idem_checkpoint()");
 
 	keys_ensure_cache();
 	idem_spi_connect();
@@ -3334,7 +3321,7 @@ idem_release(PG_FUNCTION_ARGS)
 
 	keys_ident_from_args(fcinfo, &id);
 	token = PG_ARGISNULL(3) ? NULL : PG_GETARG_UUID_P(3);
-	keys_require_writable("idem_release()");
+	idem_require_writable("idem_release()");
 
 	keys_ensure_cache();
 	idem_spi_connect();
