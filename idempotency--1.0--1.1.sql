@@ -90,6 +90,82 @@ SELECT pg_catalog.set_config('idempotency_update.grants',
                                                             'idempotency_admin', 'pg_monitor']::pg_catalog.name[])) g;
 
 /*
+ * The privileges an administrator added to 1.0's objects, one per line
+ * ("classoid objoid objsubid grantee grantor privilege grantable"): what
+ * each object's ACL holds beyond the extension's initial privileges (or,
+ * where 1.0 recorded none, beyond the object's default ACL).  When this
+ * update changes the privileges of an object it keeps (a table, a
+ * function), PostgreSQL records its whole ACL, these included, as the
+ * extension's initial privileges, which pg_dump leaves out; the end of the
+ * update takes them out again.
+ */
+SELECT pg_catalog.set_config('idempotency_update.added_privs',
+       COALESCE(pg_catalog.string_agg(pg_catalog.format('%s %s %s %s %s %s %s',
+                                                        g.classoid::pg_catalog.oid, g.objoid,
+                                                        g.objsubid, g.grantee, g.grantor,
+                                                        pg_catalog.replace(g.privilege_type, ' ', '_'),
+                                                        g.is_grantable),
+                                      E'\n'), ''), true)
+  FROM (WITH mem AS (
+            SELECT d.classid, d.objid
+              FROM pg_catalog.pg_depend d
+              JOIN pg_catalog.pg_extension e
+                ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+             WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+               AND d.deptype OPERATOR(pg_catalog.=) 'e'
+               AND e.extname OPERATOR(pg_catalog.=) 'idempotency'),
+        acls AS (
+            SELECT 'pg_catalog.pg_class'::pg_catalog.regclass AS classoid, c.oid AS objoid,
+                   0 AS objsubid, c.relacl AS acl,
+                   pg_catalog.acldefault(CASE WHEN c.relkind OPERATOR(pg_catalog.=) 'S' THEN 's'
+                                              ELSE 'r' END::pg_catalog."char", c.relowner) AS dflt
+              FROM pg_catalog.pg_class c
+              JOIN mem ON mem.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                      AND mem.objid OPERATOR(pg_catalog.=) c.oid
+            UNION ALL
+            -- a column has no privileges by default (aclexplode of NULL: none)
+            SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, a.attrelid, a.attnum, a.attacl,
+                   NULL::pg_catalog.aclitem[]
+              FROM pg_catalog.pg_attribute a
+              JOIN mem ON mem.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                      AND mem.objid OPERATOR(pg_catalog.=) a.attrelid
+             WHERE a.attnum OPERATOR(pg_catalog.>) 0
+               AND a.attacl IS NOT NULL
+            UNION ALL
+            SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid, 0, p.proacl,
+                   pg_catalog.acldefault('f', p.proowner)
+              FROM pg_catalog.pg_proc p
+              JOIN mem ON mem.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+                      AND mem.objid OPERATOR(pg_catalog.=) p.oid
+            UNION ALL
+            SELECT 'pg_catalog.pg_namespace'::pg_catalog.regclass, n.oid, 0, n.nspacl,
+                   pg_catalog.acldefault('n', n.nspowner)
+              FROM pg_catalog.pg_namespace n
+              JOIN mem ON mem.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::pg_catalog.regclass
+                      AND mem.objid OPERATOR(pg_catalog.=) n.oid
+            UNION ALL
+            SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, t.oid, 0, t.typacl,
+                   pg_catalog.acldefault('T', t.typowner)
+              FROM pg_catalog.pg_type t
+              JOIN mem ON mem.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_type'::pg_catalog.regclass
+                      AND mem.objid OPERATOR(pg_catalog.=) t.oid)
+        SELECT a.classoid, a.objoid, a.objsubid, x.grantee, x.grantor, x.privilege_type,
+               x.is_grantable
+          FROM acls a
+         CROSS JOIN LATERAL pg_catalog.aclexplode(COALESCE(a.acl, a.dflt)) x
+        EXCEPT
+        SELECT a.classoid, a.objoid, a.objsubid, y.grantee, y.grantor, y.privilege_type,
+               y.is_grantable
+          FROM acls a
+         CROSS JOIN LATERAL pg_catalog.aclexplode(COALESCE(
+                 (SELECT ip.initprivs FROM pg_catalog.pg_init_privs ip
+                   WHERE ip.classoid OPERATOR(pg_catalog.=) a.classoid
+                     AND ip.objoid OPERATOR(pg_catalog.=) a.objoid
+                     AND ip.objsubid OPERATOR(pg_catalog.=) a.objsubid
+                     AND ip.privtype OPERATOR(pg_catalog.=) 'e'),
+                 a.dflt)) y) g;
+
+/*
  * idem_reserve: one signature instead of the two overloads of 1.0, which an
  * untyped request (a psql literal, or a driver that sends parameters
  * untyped) matched both of (42725).  Exactly one of request and
@@ -1462,21 +1538,84 @@ $$;
 -- privileges, PostgreSQL records the object's whole ACL as the extension's
 -- initial privileges, and pg_dump leaves initial privileges out: after a
 -- restore the operator could no longer run maintenance.  Keep in the
--- initial privileges only what the extension itself grants (to the owner,
--- PUBLIC, its three roles and pg_monitor), as a fresh install records them.
+-- initial privileges only what the extension itself grants, as a fresh
+-- install records them: entries of the owner, PUBLIC, its three roles and
+-- pg_monitor, less the privileges the administrator had added to them
+-- (collected at the start of the update: a SELECT on idempotency.scopes
+-- granted to pg_monitor is the database's, and pg_dump keeps it).  An
+-- entry that held both the extension's privileges and added ones is
+-- written again with the extension's only.
+WITH added AS (
+    SELECT f[1]::pg_catalog.oid AS classoid, f[2]::pg_catalog.oid AS objoid,
+           f[3]::pg_catalog.int4 AS objsubid, f[4]::pg_catalog.oid AS grantee,
+           f[5]::pg_catalog.oid AS grantor,
+           pg_catalog.replace(f[6], '_', ' ') AS privilege_type,
+           f[7]::pg_catalog.bool AS is_grantable
+      FROM pg_catalog.unnest(pg_catalog.string_to_array(
+               pg_catalog.current_setting('idempotency_update.added_privs'), E'\n')) AS l(line)
+     CROSS JOIN LATERAL pg_catalog.string_to_array(l.line, ' ') AS f
+     WHERE l.line OPERATOR(pg_catalog.<>) '')
 UPDATE pg_catalog.pg_init_privs ip
    SET initprivs = COALESCE(
-         (SELECT pg_catalog.array_agg(u.item ORDER BY u.n)
-            FROM pg_catalog.unnest(ip.initprivs) WITH ORDINALITY AS u(item, n)
-           WHERE (SELECT x.grantee OPERATOR(pg_catalog.=) x.grantor
-                         OR x.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid
-                         OR x.grantee OPERATOR(pg_catalog.=) ANY (
-                              SELECT r.oid FROM pg_catalog.pg_roles r
-                               WHERE r.rolname OPERATOR(pg_catalog.=) ANY (
-                                       ARRAY['idempotency_app', 'idempotency_worker',
-                                             'idempotency_admin', 'pg_monitor']::pg_catalog.name[]))
-                    FROM pg_catalog.aclexplode(ARRAY[u.item]) x
-                   LIMIT 1)),
+         (SELECT pg_catalog.array_agg(k.item ORDER BY k.n)
+            FROM (SELECT u.n,
+                         CASE WHEN NOT EXISTS (
+                                     SELECT FROM pg_catalog.aclexplode(ARRAY[u.item]) x
+                                       JOIN added a
+                                         ON a.classoid OPERATOR(pg_catalog.=) ip.classoid
+                                        AND a.objoid OPERATOR(pg_catalog.=) ip.objoid
+                                        AND a.objsubid OPERATOR(pg_catalog.=) ip.objsubid
+                                        AND a.grantee OPERATOR(pg_catalog.=) x.grantee
+                                        AND a.grantor OPERATOR(pg_catalog.=) x.grantor
+                                        AND a.privilege_type OPERATOR(pg_catalog.=) x.privilege_type
+                                        AND a.is_grantable OPERATOR(pg_catalog.=) x.is_grantable)
+                              THEN u.item
+                              ELSE (SELECT pg_catalog.format('%s=%s/%s',
+                                             (SELECT '"' OPERATOR(pg_catalog.||)
+                                                     pg_catalog.replace(r.rolname, '"', '""')
+                                                     OPERATOR(pg_catalog.||) '"'
+                                                FROM pg_catalog.pg_roles r
+                                               WHERE r.oid OPERATOR(pg_catalog.=) pg_catalog.min(x.grantee)),
+                                             pg_catalog.string_agg(
+                                               CASE x.privilege_type
+                                                 WHEN 'INSERT' THEN 'a' WHEN 'SELECT' THEN 'r'
+                                                 WHEN 'UPDATE' THEN 'w' WHEN 'DELETE' THEN 'd'
+                                                 WHEN 'TRUNCATE' THEN 'D' WHEN 'REFERENCES' THEN 'x'
+                                                 WHEN 'TRIGGER' THEN 't' WHEN 'EXECUTE' THEN 'X'
+                                                 WHEN 'USAGE' THEN 'U' WHEN 'CREATE' THEN 'C'
+                                                 WHEN 'TEMPORARY' THEN 'T' WHEN 'CONNECT' THEN 'c'
+                                                 WHEN 'SET' THEN 's' WHEN 'ALTER SYSTEM' THEN 'A'
+                                                 WHEN 'MAINTAIN' THEN 'm' END
+                                               OPERATOR(pg_catalog.||)
+                                               CASE WHEN x.is_grantable THEN '*' ELSE '' END, ''),
+                                             (SELECT '"' OPERATOR(pg_catalog.||)
+                                                     pg_catalog.replace(r.rolname, '"', '""')
+                                                     OPERATOR(pg_catalog.||) '"'
+                                                FROM pg_catalog.pg_roles r
+                                               WHERE r.oid OPERATOR(pg_catalog.=) pg_catalog.min(x.grantor)))::pg_catalog.aclitem
+                                      FROM pg_catalog.aclexplode(ARRAY[u.item]) x
+                                     WHERE NOT EXISTS (
+                                             SELECT FROM added a
+                                              WHERE a.classoid OPERATOR(pg_catalog.=) ip.classoid
+                                                AND a.objoid OPERATOR(pg_catalog.=) ip.objoid
+                                                AND a.objsubid OPERATOR(pg_catalog.=) ip.objsubid
+                                                AND a.grantee OPERATOR(pg_catalog.=) x.grantee
+                                                AND a.grantor OPERATOR(pg_catalog.=) x.grantor
+                                                AND a.privilege_type OPERATOR(pg_catalog.=) x.privilege_type
+                                                AND a.is_grantable OPERATOR(pg_catalog.=) x.is_grantable)
+                                    HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 0)
+                         END AS item
+                    FROM pg_catalog.unnest(ip.initprivs) WITH ORDINALITY AS u(item, n)
+                   WHERE (SELECT x.grantee OPERATOR(pg_catalog.=) x.grantor
+                                 OR x.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid
+                                 OR x.grantee OPERATOR(pg_catalog.=) ANY (
+                                      SELECT r.oid FROM pg_catalog.pg_roles r
+                                       WHERE r.rolname OPERATOR(pg_catalog.=) ANY (
+                                               ARRAY['idempotency_app', 'idempotency_worker',
+                                                     'idempotency_admin', 'pg_monitor']::pg_catalog.name[]))
+                            FROM pg_catalog.aclexplode(ARRAY[u.item]) x
+                           LIMIT 1)) k
+           WHERE k.item IS NOT NULL),
          '{}'::pg_catalog.aclitem[])
  WHERE ip.privtype OPERATOR(pg_catalog.=) 'e'
    AND EXISTS (SELECT FROM pg_catalog.pg_depend d

@@ -21,7 +21,10 @@ my $current = $node->safe_psql('postgres',
 	"SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'");
 isnt($current, '1.0', "the current version ($current) is newer than 1.0");
 
-# an operator's grants, made on both databases after their install; on
+# an operator's grants, made on both databases after their install, also
+# to PUBLIC, pg_monitor and the extension's roles on objects the update
+# keeps (the admin's INSERT on scopes shares an entry with the SELECT the
+# update grants); on
 # 1.0 also grants on objects the update drops and creates again (a
 # signature that changes, a view it rebuilds) and on idem_maintain, which
 # in 1.1 needs more of its caller: the fresh database gets what the update
@@ -33,6 +36,10 @@ GRANT EXECUTE ON FUNCTION idem_reap(int), idem_sweep(interval), idem_reclaim_lea
 GRANT SELECT ON idempotency.keys TO ops;
 GRANT SELECT ON idempotency.health TO ops WITH GRANT OPTION;
 GRANT EXECUTE ON PROCEDURE idem_maintain(interval, int, interval) TO ops;
+GRANT SELECT ON idempotency.outbox TO PUBLIC;
+GRANT SELECT ON idempotency.scopes TO pg_monitor;
+GRANT EXECUTE ON FUNCTION idem_reap(int) TO idempotency_app;
+GRANT INSERT ON idempotency.scopes TO idempotency_admin;
 };
 my $grants_10 = $grants . q{
 GRANT EXECUTE ON FUNCTION idem_reserve(text, text, text, jsonb, interval, interval),
@@ -187,6 +194,11 @@ SELECT has_function_privilege('ops', 'idem_reap(int)', 'EXECUTE') AND
        NOT has_column_privilege('reader', 'idempotency.health', 'expired_keys', 'SELECT') AND
        has_function_privilege('ops', 'idempotency.maintain(interval, int, interval)', 'EXECUTE') AND
        has_function_privilege('app1', 'idem_reserve(text, text, text, jsonb, interval, interval, bytea)', 'EXECUTE') AND
+       has_table_privilege('public', 'idempotency.outbox', 'SELECT') AND
+       has_table_privilege('pg_monitor', 'idempotency.scopes', 'SELECT') AND
+       has_function_privilege('idempotency_app', 'idem_reap(int)', 'EXECUTE') AND
+       has_table_privilege('idempotency_admin', 'idempotency.scopes', 'INSERT') AND
+       NOT has_table_privilege('idempotency_admin', 'idempotency.scopes', 'UPDATE') AND
        NOT has_function_privilege('ops', 'idem_resolve(text, text, text, int, jsonb)', 'EXECUTE') AND
        NOT has_function_privilege('app1', 'outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text)', 'EXECUTE')}),
 		't', "$db: the operator's grants are restored, and only those");
