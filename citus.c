@@ -706,7 +706,7 @@ static const char *const citus_delegated_names[] = {
 	"idem_reserve", "idem_complete", "idem_checkpoint", "idem_release",
 	"idem_lookup", "idem_resolve", "idem_execute", "outbox_enqueue",
 	"outbox_ack", "outbox_nack", "outbox_extend", "outbox_requeue",
-	"outbox_ack_many", "outbox_nack_many"
+	"outbox_discard", "outbox_ack_many", "outbox_nack_many"
 };
 
 /* Whether "funcid" is one of this library's functions Citus delegates. */

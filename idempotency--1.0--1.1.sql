@@ -1145,6 +1145,18 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval) F
 GRANT EXECUTE ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval)
     TO idempotency_worker;
 
+CREATE FUNCTION @extschema@.outbox_discard(tenant text, id bigint)
+    RETURNS void
+    AS 'MODULE_PATHNAME', 'idem_outbox_discard'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.outbox_discard(text, bigint) IS
+    'delete a dead letter that will not be delivered; the next row of its ordering key becomes its head (operators only)';
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_discard(text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_discard(text, bigint) TO idempotency_admin;
+
 CREATE FUNCTION @extschema@.outbox_ack_many(tenant text, ids bigint[], lease_tokens uuid[],
                                 provider_refs text[] DEFAULT NULL)
     RETURNS SETOF bigint

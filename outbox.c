@@ -143,6 +143,7 @@ PG_FUNCTION_INFO_V1(idem_outbox_claim);
 PG_FUNCTION_INFO_V1(idem_outbox_ack);
 PG_FUNCTION_INFO_V1(idem_outbox_nack);
 PG_FUNCTION_INFO_V1(idem_outbox_requeue);
+PG_FUNCTION_INFO_V1(idem_outbox_discard);
 PG_FUNCTION_INFO_V1(idem_outbox_extend);
 PG_FUNCTION_INFO_V1(idem_outbox_ack_many);
 PG_FUNCTION_INFO_V1(idem_outbox_nack_many);
@@ -480,6 +481,12 @@ static const char *outbox_requeue_sql =
 "   AND status OPERATOR(pg_catalog.=) 'dead'"
 " RETURNING topic";
 
+/* outbox_discard: a dead letter deleted; the next row of its key heads it */
+static const char *outbox_discard_sql =
+"DELETE FROM idempotency.outbox"
+" WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2"
+"   AND status OPERATOR(pg_catalog.=) 'dead'";
+
 /*
  * outbox_extend: a heartbeat.  Fenced like ack: only the current lease
  * holder moves the end of its lease (and available_at with it, so the
@@ -607,6 +614,7 @@ static SPIPlanPtr ack_plan = NULL;
 static SPIPlanPtr ack_delete_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
 static SPIPlanPtr requeue_plan = NULL;
+static SPIPlanPtr discard_plan = NULL;
 static SPIPlanPtr status_plan = NULL;
 static SPIPlanPtr fence_plan = NULL;
 static SPIPlanPtr extend_plan = NULL;
@@ -1325,8 +1333,8 @@ outbox_explain_miss(const char *tenant, int64 id, const char *action,
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("outbox row is not dead"),
-				 errdetail("Row " INT64_FORMAT " is %s; only a dead letter can be requeued.",
-						   id, status),
+				 errdetail("Row " INT64_FORMAT " is %s; %s takes only a dead letter.",
+						   id, status, action),
 				 errhint("Pick the row from idempotency.dead_letters; a pending or leased row is still being delivered.")));
 
 	if (strcmp(status, "done") == 0)
@@ -3556,6 +3564,44 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 
 	if (idem_outbox_notify)
 		outbox_notify_at_commit(topic);
+
+	PG_RETURN_VOID();
+}
+
+/*
+ * outbox_discard(tenant text, id bigint)
+ *
+ * Deletes a dead letter that will not be delivered: the poison message of
+ * an ordering key, whose successors it holds back, gives way to the next
+ * row of the key (requeueing it would deliver it again).  An operator's
+ * action, revoked from PUBLIC.  Errors, nothing written: P0002 unknown row,
+ * 55000 row not dead.
+ */
+Datum
+idem_outbox_discard(PG_FUNCTION_ARGS)
+{
+	char	   *tenant;
+	int64		id;
+	Oid			argtypes[2] = {TEXTOID, INT8OID};
+	Datum		values[2];
+	SPIPlanPtr	plan;
+	int			rc;
+
+	tenant = outbox_tenant_arg(fcinfo, 0);
+	idem_require_arg(fcinfo, 1, "id");
+	id = PG_GETARG_INT64(1);
+
+	values[0] = CStringGetTextDatum(tenant);
+	values[1] = Int64GetDatum(id);
+
+	idem_spi_connect();
+	plan = outbox_plan(&discard_plan, outbox_discard_sql, 2, argtypes);
+	rc = idem_spi_execute(plan, values, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "outbox discard failed: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 0)
+		outbox_explain_miss(tenant, id, "outbox_discard", true, (Datum) 0);
+	SPI_finish();
 
 	PG_RETURN_VOID();
 }

@@ -193,6 +193,15 @@ CREATE FUNCTION outbox_requeue(tenant text, id bigint)
 COMMENT ON FUNCTION outbox_requeue(text, bigint) IS
     'return a dead letter to the queue (operators only)';
 
+CREATE FUNCTION outbox_discard(tenant text, id bigint)
+    RETURNS void
+    AS 'MODULE_PATHNAME', 'idem_outbox_discard'
+    LANGUAGE C VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox_discard(text, bigint) IS
+    'delete a dead letter that will not be delivered; the next row of its ordering key becomes its head (operators only)';
+
 CREATE FUNCTION outbox_extend(tenant text, id bigint, lease_token uuid,
                               lease interval DEFAULT '30 seconds')
     RETURNS timestamptz
@@ -207,13 +216,15 @@ REVOKE ALL ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, inte
     outbox_claim(text, int, interval, text[], text),
     outbox_ack(text, bigint, uuid, text),
     outbox_nack(text, bigint, uuid, text, interval),
-    outbox_requeue(text, bigint) FROM PUBLIC;
+    outbox_requeue(text, bigint),
+    outbox_discard(text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, jsonb, text, text, jsonb, interval, int, text, text)
     TO idempotency_app;
 GRANT EXECUTE ON FUNCTION outbox_claim(text, int, interval, text[], text),
     outbox_ack(text, bigint, uuid, text),
     outbox_nack(text, bigint, uuid, text, interval) TO idempotency_worker;
-GRANT EXECUTE ON FUNCTION outbox_requeue(text, bigint) TO idempotency_admin;
+GRANT EXECUTE ON FUNCTION outbox_requeue(text, bigint),
+    outbox_discard(text, bigint) TO idempotency_admin;
 REVOKE ALL ON FUNCTION outbox_extend(text, bigint, uuid, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox_extend(text, bigint, uuid, interval)
     TO idempotency_worker;

@@ -68,7 +68,7 @@ SELECT outbox_requeue('obx_o', id) FROM idempotency.outbox WHERE tenant_id = 'ob
 SELECT pg_temp.claim() AS a3_requeued;
 SELECT pg_temp.ack('a3');
 SELECT pg_temp.claim() AS after_ack_a3;
--- ... or until an operator deletes it
+-- ... or until an operator discards it (outbox_discard)
 SELECT pg_temp.ack('b1');
 SELECT outbox_enqueue('obx_o', 'obx.ord', '{"m": "b3"}', ordering_key => 'B') IS NOT NULL AS b3;
 SELECT pg_temp.claim() AS b2;
@@ -76,8 +76,8 @@ UPDATE idempotency.outbox SET max_attempts = 1 WHERE tenant_id = 'obx_o' AND pay
 SELECT outbox_nack(tenant_id, id, lease_token, 'HTTP 400') FROM idempotency.outbox
  WHERE tenant_id = 'obx_o' AND payload->>'m' = 'b2';
 SELECT pg_temp.claim() AS while_b2_dead;
-DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_o' AND payload->>'m' = 'b2';
-SELECT pg_temp.claim() AS after_b2_deleted;
+SELECT outbox_discard('obx_o', id) FROM idempotency.outbox WHERE tenant_id = 'obx_o' AND payload->>'m' = 'b2';
+SELECT pg_temp.claim() AS after_b2_discarded;
 
 -- the order is the order of enqueue, not of deliver_after: a row due later
 -- holds back the ones behind it

@@ -78,6 +78,25 @@ RESET idempotency.tenant;
 SELECT lease_token AS token FROM outbox_claim('w2', 1, '1 minute', tenant => 'obx_r') \gset
 SELECT outbox_ack('obx_r', :id, :'token', 'ref-after-requeue');
 SELECT status, attempts, provider_ref FROM idempotency.outbox WHERE id = :id;
+
+-- discard: only a dead letter is deleted; a delivered row, an unknown row,
+-- another tenant's row and NULLs are refused, nothing deleted
+SELECT pg_temp.outbox_error(format('SELECT outbox_discard(%L, %s)', 'obx_r', :id));
+SELECT pg_temp.outbox_error(format('SELECT outbox_discard(%L, %s)', 'obx_other', :id));
+SELECT pg_temp.outbox_error('SELECT outbox_discard(NULL, 1)');
+SELECT pg_temp.outbox_error('SELECT outbox_discard(''obx_r'', NULL)');
+SET idempotency.tenant = 'obx_other';
+SELECT pg_temp.outbox_error(format('SELECT outbox_discard(%L, %s)', 'obx_r', :id));
+RESET idempotency.tenant;
+SELECT count(*) AS kept FROM idempotency.outbox WHERE id = :id;
+SELECT outbox_enqueue('obx_r', 'obx.poison', '{"n": 1}', max_attempts => 1) AS poison \gset
+SELECT lease_token AS token FROM outbox_claim('w3', 1, '1 minute', topics => '{obx.poison}') \gset
+SELECT outbox_nack('obx_r', :poison, :'token', 'HTTP 400: rejected');
+SELECT count(*) AS dead_before FROM idempotency.dead_letters WHERE tenant_id = 'obx_r';
+SELECT outbox_discard('obx_r', :poison);
+SELECT count(*) AS dead_after, (SELECT count(*) FROM idempotency.outbox WHERE id = :poison) AS row_left
+  FROM idempotency.dead_letters WHERE tenant_id = 'obx_r';
+SELECT pg_temp.outbox_error(format('SELECT outbox_discard(%L, %s)', 'obx_r', :poison));
 DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_r';
 
 -- backoff bounds per attempt, for 20 rows failing together: each delay in

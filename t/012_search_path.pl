@@ -124,6 +124,10 @@ SELECT outbox_nack('acme', :id2, :'t2', 'dead');
 SELECT outbox_requeue('acme', :id2);
 SELECT c.id AS id3, c.lease_token AS t3 FROM outbox_claim('w', 1, '1 minute', tenant => 'acme') c \gset
 SELECT outbox_ack('acme', :id3, :'t3', 'ref');
+SELECT outbox_enqueue('acme', 'poison', '{}', max_attempts => 1) AS id4 \gset
+SELECT c.lease_token AS t4 FROM outbox_claim('w', 1, '1 minute', topics => '{poison}') c \gset
+SELECT outbox_nack('acme', :id4, :'t4', 'rejected');
+SELECT outbox_discard('acme', :id4);
 SELECT idem_reap(10);
 SELECT idem_reclaim_leases();
 SELECT idem_purge_outbox(10);
