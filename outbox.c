@@ -1350,7 +1350,7 @@ outbox_explain_miss(const char *tenant, int64 id, const char *action,
 				 errmsg("outbox row is dead"),
 				 errdetail("Row " INT64_FORMAT " used up its max_attempts; %s changes nothing.",
 						   id, action),
-				 errhint("Requeue it with outbox_requeue once the cause is fixed.")));
+				 errhint("Requeue it with outbox_requeue once the cause is fixed, or discard it with outbox_discard if it is never to be delivered.")));
 
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_IN_USE),
