@@ -38,6 +38,13 @@ SELECT outbox_extend('ut', :'id2', :'t2', '1 minute') > now() AS extended;
 SELECT outbox_ack('ut', :'id2', :'t2', 'ref');
 SELECT count(*) FROM outbox_ack_many('ut', '{1,2}', '{00000000-0000-0000-0000-000000000000,00000000-0000-0000-0000-000000000001}', '{a,b}');
 SELECT count(*) FROM outbox_nack_many('ut', '{1}', '{00000000-0000-0000-0000-000000000000}', 'failed', '1 minute');
+SELECT outbox_enqueue('ut', 'poison', '{}', max_attempts => '1') AS id3 \gset
+SELECT lease_token AS t3 FROM outbox_claim('w', '1', '1 minute', '{poison}', 'ut') \gset
+SELECT outbox_nack('ut', :'id3', :'t3', 'rejected');
+SELECT outbox_requeue('ut', :'id3');
+SELECT lease_token AS t4 FROM outbox_claim('w', '1', '1 minute', '{poison}', 'ut') \gset
+SELECT outbox_nack('ut', :'id3', :'t4', 'rejected');
+SELECT outbox_discard('ut', :'id3');
 SELECT idem_reap('10') >= 0 AS reaped, idem_sweep('1 hour') >= 0 AS swept,
        idem_reclaim_leases() >= 0 AS reclaimed, idem_purge_outbox('10') >= 0 AS purged;
 CREATE ROLE untyped_role;
