@@ -944,7 +944,8 @@ idem_stats_require_shmem(void)
 static uint64
 idem_stats_put_row(Tuplestorestate *tupstore, TupleDesc tupdesc,
 				   const char *tenant, const char *scope,
-				   pg_atomic_uint64 *counters, bool skip_if_zero)
+				   pg_atomic_uint64 *counters, pg_atomic_uint64 *more,
+				   bool skip_if_zero)
 {
 	Datum		values[2 + IDEM_STAT_NCOUNTERS];
 	bool		nulls[2 + IDEM_STAT_NCOUNTERS];
@@ -962,6 +963,8 @@ idem_stats_put_row(Tuplestorestate *tupstore, TupleDesc tupdesc,
 	{
 		uint64		v = pg_atomic_read_u64(&counters[c]);
 
+		if (more != NULL)
+			v += pg_atomic_read_u64(&more[c]);
 		total += v;
 		values[2 + c] = Int64GetDatum((int64) v);
 	}
@@ -991,6 +994,7 @@ idem_stats(PG_FUNCTION_ARGS)
 	Tuplestorestate *tupstore;
 	HASH_SEQ_STATUS hash_seq;
 	IdemStatsEntry *entry;
+	IdemStatsEntry *named_other = NULL;
 	const char *bound;
 	IdemStatsKey bound_key;
 
@@ -1016,12 +1020,30 @@ idem_stats(PG_FUNCTION_ARGS)
 			continue;
 		if (bound != NULL && strcmp(entry->key.tenant, bound_key.tenant) != 0)
 			continue;
+
+		/*
+		 * A tenant and scope an application named "(other)" count into the
+		 * overflow row, which has their name: two rows with the same
+		 * labels would be one pair to a reader, and break an exporter
+		 * that keys its series by them.
+		 */
+		if (bound == NULL &&
+			strcmp(entry->key.tenant, IDEM_STATS_OTHER) == 0 &&
+			strcmp(entry->key.scope, IDEM_STATS_OTHER) == 0)
+		{
+			named_other = entry;
+			continue;
+		}
 		(void) idem_stats_put_row(tupstore, tupdesc, entry->key.tenant,
-								  entry->key.scope, entry->counters, false);
+								  entry->key.scope, entry->counters, NULL,
+								  false);
 	}
 	if (bound == NULL)
 		(void) idem_stats_put_row(tupstore, tupdesc, IDEM_STATS_OTHER,
-								  IDEM_STATS_OTHER, idem_stats_state->other, true);
+								  IDEM_STATS_OTHER, idem_stats_state->other,
+								  named_other != NULL ?
+								  named_other->counters : NULL,
+								  named_other == NULL);
 	LWLockRelease(idem_stats_state->lock);
 
 	return (Datum) 0;

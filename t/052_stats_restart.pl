@@ -228,6 +228,15 @@ is($node->safe_psql('postgres',
 		  . " FROM idempotency.stats"),
 	'(other) 3, v3-short 2',
 	'a version 3 file is read, its long name under (other)');
+
+# a tenant and scope that an application names "(other)" count into the
+# overflow row: one row for the pair, as an exporter keys its series
+$node->safe_psql('postgres',
+	"SELECT idem_reserve('(other)', '(other)', 'o' || i, '{}') FROM generate_series(1, 2) i");
+is($node->safe_psql('postgres',
+		"SELECT count(*) || ' ' || sum(created) FROM idempotency.stats"
+		  . " WHERE tenant = '(other)' AND scope = '(other)'"),
+	'1 5', 'a pair named (other) shares the overflow row');
 $node->stop;
 
 # without shared_preload_libraries (neither idempotency nor pg_cron): the
