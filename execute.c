@@ -72,12 +72,13 @@ typedef enum ExecColumn
 	COL_RESPONSE_BODY,
 	COL_RESPONSE_HEADERS,
 	COL_LOCK_TOKEN,
+	COL_EXPIRES_AT,
 	COL_COUNT
 } ExecColumn;
 
 static const char *const exec_column_names[COL_COUNT] = {
 	"outcome", "http_status", "response_code", "response_body",
-	"response_headers", "lock_token"
+	"response_headers", "lock_token", "expires_at"
 };
 
 /*
@@ -375,6 +376,7 @@ idem_execute(PG_FUNCTION_ARGS)
 	bool		nulls[64];
 	char	   *outcome;
 	ExecResponse resp;
+	bool		stored;
 
 	/* the key functions check the rest; these are idem_execute's own */
 	if (PG_ARGISNULL(EXEC_HANDLER))
@@ -417,11 +419,14 @@ idem_execute(PG_FUNCTION_ARGS)
 	 * the handler on a clean slate.  An error rolls the subtransaction back
 	 * and goes on to fail the statement.
 	 */
-	(void) exec_handle(cache, fcinfo, handler, &resp);
+	stored = exec_handle(cache, fcinfo, handler, &resp);
 	exec_complete(cache, fcinfo, resp.status, resp.body,
 						 resp.body_null, resp.headers, resp.headers_null);
 
-	/* "created", with the response the handler gave; the key is finished */
+	/*
+	 * "created", with the response the handler gave; the key is finished,
+	 * or released (no expires_at then: nothing is kept)
+	 */
 	values[cache->col[COL_HTTP_STATUS]] = resp.status;
 	nulls[cache->col[COL_HTTP_STATUS]] = false;
 	values[cache->col[COL_RESPONSE_CODE]] = resp.status;
@@ -431,6 +436,8 @@ idem_execute(PG_FUNCTION_ARGS)
 	values[cache->col[COL_RESPONSE_HEADERS]] = resp.headers;
 	nulls[cache->col[COL_RESPONSE_HEADERS]] = resp.headers_null;
 	nulls[cache->col[COL_LOCK_TOKEN]] = true;
+	if (!stored)
+		nulls[cache->col[COL_EXPIRES_AT]] = true;
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(cache->result_desc,
 													  values, nulls)));
 }

@@ -83,7 +83,8 @@ BEGIN
     RETURN ROW((request ->> 'status')::int, '{}'::jsonb, NULL::jsonb)::idempotency.response;
 END
 $$;
-SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges', 'c-1', '{"status": 503}', 'ex.charge');
+-- (no expires_at for a response that is not kept)
+SELECT outcome, response_code, expires_at IS NOT NULL AS expires FROM idem_execute('ex_a', 'POST /charges', 'c-1', '{"status": 503}', 'ex.charge');
 SELECT count(*) AS orders, (SELECT count(*) FROM idem_lookup('ex_a', 'POST /charges', 'c-1')) AS keys
   FROM ex.orders WHERE idem_key = 'c-1';
 SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges', 'c-1', '{"status": 201}', 'ex.charge');
@@ -91,9 +92,9 @@ SELECT count(*) AS orders FROM ex.orders WHERE idem_key = 'c-1';
 SELECT (idem_configure_scope('POST /charges-cached', '{"cache_server_errors": true}')).scope;
 SELECT (idem_configure_scope('POST /charges-409', '{"retryable_codes": [409]}')).scope;
 -- stored: a cached 5xx, an ordinary 4xx; released: a retryable 409
-SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges-cached', 'c-2', '{"status": 503}', 'ex.charge');
-SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges-409', 'c-3', '{"status": 422}', 'ex.charge');
-SELECT outcome, response_code FROM idem_execute('ex_a', 'POST /charges-409', 'c-4', '{"status": 409}', 'ex.charge');
+SELECT outcome, response_code, expires_at IS NOT NULL AS expires FROM idem_execute('ex_a', 'POST /charges-cached', 'c-2', '{"status": 503}', 'ex.charge');
+SELECT outcome, response_code, expires_at IS NOT NULL AS expires FROM idem_execute('ex_a', 'POST /charges-409', 'c-3', '{"status": 422}', 'ex.charge');
+SELECT outcome, response_code, expires_at IS NOT NULL AS expires FROM idem_execute('ex_a', 'POST /charges-409', 'c-4', '{"status": 409}', 'ex.charge');
 SELECT idem_key, count(*) AS orders FROM ex.orders WHERE idem_key IN ('c-2', 'c-3', 'c-4')
  GROUP BY idem_key ORDER BY idem_key;
 SELECT idem_key, status, response_code FROM idempotency.keys
