@@ -1017,26 +1017,42 @@ GRANT EXECUTE ON FUNCTION @extschema@.idem_guard_bypass(text) TO idempotency_adm
  */
 CREATE VIEW idempotency.guard_coverage AS
 SELECT c.oid::pg_catalog.regclass AS table_name,
-       g.triggers IS NOT NULL AS guarded,
-       CASE WHEN g.triggers IS NOT NULL THEN
+       COALESCE(g.mask OPERATOR(pg_catalog.<>) 0, false) AS guarded,
+       CASE WHEN g.mask OPERATOR(pg_catalog.<>) 0 THEN
            ARRAY(SELECT e.event FROM (VALUES (4, 'INSERT'), (16, 'UPDATE'),
                                             (8, 'DELETE'), (32, 'TRUNCATE'))
                                      AS e(bit, event)
                   WHERE (g.mask OPERATOR(pg_catalog.&) e.bit) OPERATOR(pg_catalog.<>) 0)
        END AS events,
        g.scopes,
-       g.triggers
+       g.triggers,
+       g.conditional_triggers
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
   LEFT JOIN LATERAL (
-       SELECT pg_catalog.array_agg(DISTINCT t.tgname ORDER BY t.tgname) AS triggers,
-              pg_catalog.bit_or(t.tgtype::pg_catalog.int4) AS mask,
+       SELECT pg_catalog.array_agg(DISTINCT t.tgname ORDER BY t.tgname)
+                FILTER (WHERE x.bits OPERATOR(pg_catalog.<>) 0) AS triggers,
+              pg_catalog.bit_or(x.bits) AS mask,
               CASE WHEN pg_catalog.bool_or(t.tgnargs OPERATOR(pg_catalog.=) 0)
+                          FILTER (WHERE x.bits OPERATOR(pg_catalog.<>) 0)
                    THEN '{}'::pg_catalog.text[]
                    ELSE (SELECT pg_catalog.array_agg(DISTINCT s ORDER BY s)
-                           FROM pg_catalog.unnest(pg_catalog.array_agg(a.args)) AS s)
-              END AS scopes
+                           FROM pg_catalog.unnest(pg_catalog.array_agg(a.args)
+                                  FILTER (WHERE x.bits OPERATOR(pg_catalog.<>) 0)) AS s)
+              END AS scopes,
+              pg_catalog.array_agg(DISTINCT t.tgname ORDER BY t.tgname)
+                FILTER (WHERE x.conditional) AS conditional_triggers
          FROM pg_catalog.pg_trigger t
+        -- what a guard covers whatever the row: nothing with a WHEN
+        -- condition, and UPDATE only without a column list (UPDATE OF)
+        CROSS JOIN LATERAL (
+              SELECT CASE WHEN t.tgqual IS NOT NULL THEN 0
+                          ELSE t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.&)
+                               CASE WHEN t.tgattr OPERATOR(pg_catalog.=) ''::pg_catalog.int2vector
+                                    THEN 60 ELSE 44 END
+                     END AS bits,
+                     t.tgqual IS NOT NULL
+                     OR t.tgattr OPERATOR(pg_catalog.<>) ''::pg_catalog.int2vector AS conditional) AS x
         CROSS JOIN LATERAL (
               SELECT pg_catalog.convert_from(
                          pg_catalog.substring(t.tgargs,

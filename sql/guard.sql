@@ -290,6 +290,24 @@ SELECT table_name, guarded FROM idempotency.guard_coverage WHERE table_name = 's
 DROP FOREIGN TABLE shop.remote_ledger;
 DROP SERVER guard_srv;
 DROP FOREIGN DATA WRAPPER guard_fdw;
+-- a guard with a WHEN condition may let any row through, and one for
+-- UPDATE OF some columns lets updates of the others through: neither
+-- counts for those events, and both are listed as conditional
+CREATE TABLE shop.cond (id int, amount int, note text);
+CREATE TRIGGER cond_when BEFORE INSERT OR UPDATE OR DELETE ON shop.cond
+    FOR EACH ROW WHEN (pg_trigger_depth() > 5) EXECUTE FUNCTION idem_require_reservation();
+SELECT pg_temp.err($$INSERT INTO shop.cond VALUES (1, 1, 'x')$$);
+SELECT table_name, guarded, events, triggers, conditional_triggers
+  FROM idempotency.guard_coverage WHERE table_name = 'shop.cond'::regclass;
+CREATE TRIGGER cond_cols BEFORE INSERT OR UPDATE OF amount OR DELETE ON shop.cond
+    FOR EACH ROW EXECUTE FUNCTION idem_require_reservation('POST /cond');
+SELECT pg_temp.err($$UPDATE shop.cond SET note = 'y'$$);
+SELECT table_name, guarded, events, scopes, triggers, conditional_triggers
+  FROM idempotency.guard_coverage WHERE table_name = 'shop.cond'::regclass;
+CREATE TRIGGER cond_rows BEFORE UPDATE ON shop.cond
+    FOR EACH ROW EXECUTE FUNCTION idem_require_reservation('POST /cond');
+SELECT table_name, guarded, events, scopes, triggers, conditional_triggers
+  FROM idempotency.guard_coverage WHERE table_name = 'shop.cond'::regclass;
 -- the extension's own tables are not listed
 SELECT count(*) FROM idempotency.guard_coverage WHERE table_name::text LIKE 'idempotency.%';
 
