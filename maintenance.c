@@ -685,6 +685,8 @@ idem_reclaim_leases(PG_FUNCTION_ARGS)
 	bool		stopped = false;
 	ItemPointerData *expired;
 
+	/* it writes only what it finds: refused on a standby all the same */
+	idem_require_writable("idem_reclaim_leases()");
 	expired = (ItemPointerData *) palloc(sizeof(ItemPointerData) * RECLAIM_BATCH);
 	idem_spi_connect();
 	for (int pass = 0; pass < npasses && !stopped; pass++)

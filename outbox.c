@@ -78,6 +78,7 @@
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/datetime.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
@@ -1335,6 +1336,8 @@ outbox_explain_miss(const char *tenant, int64 id, const char *action,
 				 errmsg("outbox row is not dead"),
 				 errdetail("Row " INT64_FORMAT " is %s; %s takes only a dead letter.",
 						   id, status, action),
+				 strcmp(status, "done") == 0 ?
+				 errhint("The row was delivered; only the rows of idempotency.dead_letters can be requeued or discarded.") :
 				 errhint("Pick the row from idempotency.dead_letters; a pending or leased row is still being delivered.")));
 
 	if (strcmp(status, "done") == 0)
@@ -1562,7 +1565,10 @@ outbox_notify_at_commit(const char *topic)
  *
  *	{"tenant": ..., "topic": ..., "id": ..., "idem_scope": ...,
  *	 "idem_key": ..., "payload": {...}, "headers": {...} or null,
- *	 "ordering_key": ...}
+ *	 "ordering_key": ..., "available_at": "2026-01-31T12:00:00.5+00:00"}
+ *
+ * available_at is the row's, in UTC: when a relay may publish it (the
+ * enqueue's deliver_after from the start of its transaction).
  *
  * A logical decoding plugin (pgoutput with messages 'true', test_decoding,
  * wal2json) hands it to a relay with the transaction's other changes, at
@@ -1584,9 +1590,13 @@ outbox_json_string(StringInfo buf, const char *str)
 static void
 outbox_emit_message(const char *tenant, const char *topic, int64 id,
 					const char *scope, const char *key, Jsonb *payload,
-					Jsonb *headers, const char *ordering_key)
+					Jsonb *headers, const char *ordering_key,
+					Datum deliver_after)
 {
 	StringInfoData buf;
+	char		when[MAXDATELEN + 1];
+	const int	utc = 0;
+	Datum		available_at;
 
 	initStringInfo(&buf);
 	appendStringInfoString(&buf, "{\"tenant\": ");
@@ -1607,6 +1617,12 @@ outbox_emit_message(const char *tenant, const char *topic, int64 id,
 		appendStringInfoString(&buf, "null");
 	appendStringInfoString(&buf, ", \"ordering_key\": ");
 	outbox_json_string(&buf, ordering_key);
+	/* as the insert computes it: now() + deliver_after */
+	available_at = DirectFunctionCall2(timestamptz_pl_interval,
+									   TimestampTzGetDatum(GetCurrentTransactionStartTimestamp()),
+									   deliver_after);
+	appendStringInfo(&buf, ", \"available_at\": \"%s\"",
+					 JsonEncodeDateTime(when, available_at, TIMESTAMPTZOID, &utc));
 	appendStringInfoChar(&buf, '}');
 
 #if PG_VERSION_NUM >= 170000
@@ -1911,7 +1927,7 @@ idem_outbox_enqueue_body(FunctionCallInfo fcinfo)
 		outbox_notify_at_commit(a.topic);
 	if (inserted && idem_outbox_emit_messages)
 		outbox_emit_message(a.tenant, a.topic, id, a.scope, a.key, a.payload,
-							a.headers, a.ordering_key);
+							a.headers, a.ordering_key, a.values[7]);
 
 	PG_RETURN_INT64(id);
 }

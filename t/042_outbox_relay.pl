@@ -77,7 +77,11 @@ $node->safe_psql('postgres',
 $node->safe_psql('postgres', q{COMMIT PREPARED 'relay-2pc'});
 $a->quit;
 
-my @expected = qw(b1 a1 a2 kept dedup before-commit-prepared prepared);
+# delivered later: the message says when the row falls due
+$node->safe_psql('postgres',
+	$on . q{SELECT outbox_enqueue('relay', 'later', '{}', deliver_after => '1 day')});
+
+my @expected = qw(b1 a1 a2 kept dedup before-commit-prepared prepared later);
 
 # pgoutput, as a relay such as Debezium reads it: 'M' messages with flags,
 # LSN, prefix and content
@@ -113,7 +117,22 @@ SELECT data FROM pg_logical_slot_get_changes('relay_td', NULL, NULL,
 	is_deeply(\@td, \@messages, 'test_decoding: the same messages as pgoutput, in the same order');
 }
 
+# available_at: the row's, in UTC, as ISO 8601
+my @at = map { $_->{available_at} // '' } @messages;
+is(scalar(grep { /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00$/ } @at),
+	scalar(@expected), 'every message has available_at, in UTC');
+is(join(' ', map {
+			$node->safe_psql('postgres',
+				"SELECT available_at = '$_->{available_at}'::timestamptz FROM idempotency.outbox WHERE id = $_->{id}")
+		} @messages),
+	join(' ', ('t') x @expected), 'each available_at is its row\'s');
+my ($later) = grep { $_->{topic} eq 'later' } @messages;
+is($node->safe_psql('postgres',
+		"SELECT '$later->{available_at}'::timestamptz > now() + interval '23 hours'"),
+	't', 'a row enqueued with deliver_after is due a day later');
+
 my ($m) = grep { $_->{topic} eq 'a1' } @messages;
+delete $m->{available_at};
 is_deeply($m, {
 		tenant => 'relay', topic => 'a1', id => $id_a1 + 0,
 		idem_scope => 'payments', idem_key => 'order-1',

@@ -70,6 +70,9 @@ my %writes = (
 	  q{SELECT idem_configure_scope('orders', '{"ttl": "2 days"}')},
 	'a reap' => q{SELECT idem_reap()},
 	'a sweep' => q{SELECT idem_sweep()},
+	# no lease has expired: refused all the same (it answered 0)
+	'a lease recovery' => q{SELECT idem_reclaim_leases()},
+	'a purge' => q{SELECT idem_purge_outbox()},
 	'maintenance' => q{CALL idem_maintain('1 second')},);
 for my $what (sort keys %writes)
 {
