@@ -91,6 +91,9 @@ SELECT idem_canonical('{"items": [{"id": 1, "ts": 5}, {"id": 2, "ts": 6}]}',
        idem_canonical('[10, 20, 30]', ARRAY['/1']) AS dropped,
        idem_canonical('[10, 20, 30]', ARRAY['/-', '/3', '/01', '/x']) AS nothing,
        idem_canonical('{"0": "member"}', ARRAY['/0']) AS index_names_member;
+-- several pointers each name an element of the request as sent
+SELECT idem_canonical('[10, 20, 30]', ARRAY['/0', '/2']) AS both_ends,
+       idem_canonical('[10, 20, 30]', ARRAY['/1', '/1']) AS once;
 -- a scalar document has no members to remove
 SELECT idem_canonical('5', ARRAY['/0']) AS scalar;
 -- the fingerprint with ignore pointers is the hash of the canonical text with them
