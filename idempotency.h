@@ -258,6 +258,7 @@ extern void idem_outbox_init(void);
 
 /* Whether idempotency.outbox has outbox_lease_idx (1.1): outbox.c */
 extern bool idem_outbox_has_lease_idx(void);
+extern void idem_outbox_lock_for_update(void);
 
 /* ----------------------------------------------------------------
  * citus.c: running on Citus (tables distributed by idem_citus_distribute)

@@ -687,6 +687,8 @@ idem_reclaim_leases(PG_FUNCTION_ARGS)
 
 	/* it writes only what it finds: refused on a standby all the same */
 	idem_require_writable("idem_reclaim_leases()");
+	/* it reads the expired leases, then updates them: see there */
+	idem_outbox_lock_for_update();
 	expired = (ItemPointerData *) palloc(sizeof(ItemPointerData) * RECLAIM_BATCH);
 	idem_spi_connect();
 	for (int pass = 0; pass < npasses && !stopped; pass++)

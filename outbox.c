@@ -74,6 +74,7 @@
 #include "miscadmin.h"
 #include "optimizer/optimizer.h"
 #include "replication/message.h"
+#include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "utils/acl.h"
 #include "utils/array.h"
@@ -2346,6 +2347,29 @@ outbox_require_set_context(FunctionCallInfo fcinfo, const char *name)
 }
 
 /*
+ * Lock idempotency.outbox as an UPDATE of it does (RowExclusiveLock), for a
+ * call that reads the claim indexes with one statement (SELECT ... FOR
+ * UPDATE SKIP LOCKED, which locks the table in a weaker mode) and then
+ * updates the rows it locked with another.  Otherwise a REINDEX of the
+ * table that arrives between the two takes the table, then waits for the
+ * index this call has read, while this call waits for the table: a
+ * deadlock (40P01).  Locked first, the two wait for each other in turn.
+ * Not in a read-only transaction or on a standby, where the update is
+ * refused anyway (25006).
+ */
+void
+idem_outbox_lock_for_update(void)
+{
+	Oid			relid;
+
+	if (XactReadOnly || RecoveryInProgress())
+		return;
+	relid = get_relname_relid("outbox", get_namespace_oid("idempotency", false));
+	if (OidIsValid(relid))
+		LockRelationOid(relid, RowExclusiveLock);
+}
+
+/*
  * outbox_claim(worker text, batch int, lease interval, topics text[],
  *				tenant text) RETURNS SETOF idempotency.outbox
  *
@@ -2387,6 +2411,7 @@ idem_outbox_claim_body(FunctionCallInfo fcinfo)
 							tenant, tupdesc, tupstore) != OUTBOX_CLAIM_NO_DIRECT)
 		return (Datum) 0;
 
+	idem_outbox_lock_for_update();
 	idem_spi_connect();
 	npasses = idem_citus_passes();
 	first = idem_citus_first_pass(npasses);
