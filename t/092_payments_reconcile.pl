@@ -261,7 +261,8 @@ is($ledger->{calls}{'acme:charges:flag-cap'}, 1,
 # ---- an operator settles what the job could not; then nothing is unexplained
 ops("SELECT idem_resolve('acme', 'charges', 'flag-nocap', 502,"
 	  . " '{\"title\": \"The charge was never made\"}')");
-$node->safe_psql('postgres', q{
+# (as payments_ops, the example's operator role: it may record a charge)
+ops(q{
 	BEGIN;
 	SELECT idem_guard_bypass('reconciliation: record the capture ghost-1');
 	INSERT INTO payments.charges (tenant_id, idem_key, amount, currency, customer, status)
@@ -273,6 +274,33 @@ is($rc, 0, 'once everything is explained, the job exits 0');
 is((grep { /^summary:/ } @out)[0],
 	'summary: uncaptured 0, capture_without_charge 0, resolved 0, unresolved 0; unexplained 0',
 	'and reports nothing');
+
+# ---- a two-phase attempt that wrote its charge and died before calling
+# the provider: its key is unresolved; the operator resolves the key and
+# deletes the charge that was never made (its charge would be uncaptured
+# once the key is settled)
+$node->safe_psql('postgres', q{
+	BEGIN;
+	SELECT set_config('idempotency.tenant', 'acme', true);
+	SELECT outcome FROM idem_reserve('acme', 'charges', 'flag-nocall',
+		'{"amount": 7.00, "currency": "EUR", "customer": "cus_7"}');
+	INSERT INTO payments.charges (tenant_id, idem_key, amount, currency, customer)
+	VALUES ('acme', 'flag-nocall', 7.00, 'EUR', 'cus_7');
+	COMMIT;
+}, extra_params => [ '-U', 'payments_service' ]);
+sleep(1.2);
+is(ops("SELECT idem_sweep('1 second')"), 1, 'idem_sweep flags the attempt');
+($rc, @out) = reconcile(RECONCILE_GRACE => 0);
+is_deeply([ $rc, items(@out) ], [ 1, 'unresolved acme charges flag-nocall' ],
+	'its key is unresolved (its charge waits on the key)');
+ops(q{
+	BEGIN;
+	SELECT idem_resolve('acme', 'charges', 'flag-nocall', 502, '{"title": "The charge was never made"}');
+	DELETE FROM payments.charges WHERE tenant_id = 'acme' AND idem_key = 'flag-nocall';
+	COMMIT;
+});
+($rc, @out) = reconcile(RECONCILE_GRACE => 0);
+is($rc, 0, 'settled by payments_ops, the job exits 0 again');
 
 # ---- the job cannot run: exit 2
 ($rc, @out) = reconcile(PROVIDER_URL => 'http://127.0.0.1:1');

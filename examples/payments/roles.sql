@@ -42,3 +42,10 @@ GRANT SELECT ON payments.charges TO payments_ops;
 -- in the transaction that calls idem_resolve.  It inserts and deletes
 -- nothing.
 GRANT UPDATE (status, provider_ref) ON payments.charges TO payments_ops;
+-- What the job leaves to the operator: recording a charge the provider
+-- captured with nothing recorded (in a transaction that calls
+-- idem_guard_bypass), deleting the charge of an attempt that never reached
+-- the provider (with idem_resolve of its key).
+GRANT INSERT (tenant_id, idem_key, amount, currency, customer, status), DELETE
+   ON payments.charges TO payments_ops;
+GRANT USAGE ON SEQUENCE payments.charges_id_seq TO payments_ops;
