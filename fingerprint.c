@@ -324,7 +324,16 @@ sink_write(CanonSink *sink, const char *data, size_t len)
 {
 	sink->written += len;
 	if (sink->text != NULL)
+	{
+		/* a text value holds less than 1 GB: say so before StringInfo does */
+		if (len >= (size_t) (MaxAllocSize - sink->text->len))
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("canonical text of the request is too large"),
+					 errdetail("It would exceed 1 GB, the most a text value holds."),
+					 errhint("idem_fingerprint hashes the request without building its text; idem_reserve takes requests up to idempotency.max_request_size.")));
 		appendBinaryStringInfo(sink->text, data, (int) len);
+	}
 	else
 		hash_update(sink, data, len);
 }

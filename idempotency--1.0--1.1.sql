@@ -799,8 +799,9 @@ BEGIN
                       HINT = 'Pass an interval as text, such as "1 day", or a number of seconds.';
         END IF;
         IF pg_catalog.jsonb_typeof(v) = 'number' THEN
-            -- compared as numeric first: a number out of range is no error of the cast
-            IF (v #>> '{}')::numeric <= 0 THEN
+            -- compared as numeric first: a number out of range is no error of
+            -- the cast (and under a microsecond, which no interval holds, is none)
+            IF (v #>> '{}')::numeric < 0.000001 THEN
                 iv := interval '0';
             ELSIF (v #>> '{}')::numeric > 31104000000 THEN
                 iv := NULL;

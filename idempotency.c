@@ -551,6 +551,12 @@ idem_bind_tenant(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("role must name a role"),
 				 errhint("Pass the role's name, such as 'app_acme'; '-' names no role.")));
+	/* an OID cast to regrole need not name a role */
+	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(PG_GETARG_OID(0))))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("role %u does not exist", PG_GETARG_OID(0)),
+				 errhint("Pass the role's name, such as 'app_acme'.")));
 	if (VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(1)) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

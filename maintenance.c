@@ -1062,6 +1062,8 @@ idem_unschedule_maintenance(PG_FUNCTION_ARGS)
 	int			ret;
 	bool		removed;
 
+	/* cron.unschedule deletes the job whatever the transaction */
+	idem_require_writable("idem_unschedule_maintenance()");
 	maint_require_pg_cron(psprintf("SELECT cron.unschedule(%s);",
 							 quote_literal_cstr(jobname)));
 

@@ -3838,8 +3838,13 @@ idem_outbox_ack_many(PG_FUNCTION_ARGS)
 	{
 		ArrayType  *refs = PG_GETARG_ARRAYTYPE_P(3);
 
-		if (ARR_NDIM(refs) > 1 ||
-			ArrayGetNItems(ARR_NDIM(refs), ARR_DIMS(refs)) != n)
+		if (ARR_NDIM(refs) > 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("provider_refs must be a one-dimensional array"),
+					 errdetail("provider_refs has %d dimensions.", ARR_NDIM(refs)),
+					 errhint("Pass NULL for no provider_ref, or one element (possibly NULL) per id.")));
+		if (ArrayGetNItems(ARR_NDIM(refs), ARR_DIMS(refs)) != n)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("provider_refs must have one element per id"),

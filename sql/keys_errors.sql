@@ -166,6 +166,8 @@ SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"lock_timeout": "
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": 1e30}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": 1e400}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": -1e400}')$$);
+-- a positive number too small for a double (or an interval) is no interval
+SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": 1e-400}')$$);
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": "-1 day"}')$$);
 -- a negative part: positive with 30-day months, not in every month
 SELECT pg_temp.err($$SELECT idem_configure_scope('ke_scope', '{"ttl": "-1 mon 30 days 23 hours"}')$$);

@@ -77,6 +77,7 @@ UPDATE idempotency.sweep_state SET next_page = 3;
 -- (terse: the failing row's cursor depends on what earlier tests left)
 \set VERBOSITY terse
 UPDATE idempotency.sweep_state SET pages_per_run = 0;
+UPDATE idempotency.sweep_state SET pages_per_run = NULL;
 \set VERBOSITY default
 RESET ROLE;
 

@@ -85,6 +85,7 @@ SELECT pg_temp.outbox_error('SELECT * FROM outbox_ack_many(''obx_m'', ''{1,NULL}
 SELECT pg_temp.outbox_error('SELECT * FROM outbox_ack_many(''obx_m'', ''{1}'', ARRAY[NULL::uuid])');
 SELECT pg_temp.outbox_error('SELECT * FROM outbox_ack_many(''obx_m'', ''{{1}}'', ARRAY[ARRAY[gen_random_uuid()]])');
 SELECT pg_temp.outbox_error('SELECT * FROM outbox_ack_many(''obx_m'', ''{1}'', ARRAY[gen_random_uuid()], ''{a,b}'')');
+SELECT pg_temp.outbox_error('SELECT * FROM outbox_ack_many(''obx_m'', ''{1}'', ARRAY[gen_random_uuid()], ''{{a}}'')');
 SELECT pg_temp.outbox_error('SELECT * FROM outbox_nack_many(''obx_m'', ''{1}'', ARRAY[gen_random_uuid()], ''e'', ''-1 second'')');
 SELECT pg_temp.outbox_error('SELECT * FROM outbox_nack_many(''obx_m'', ''{1}'', ''{}'', ''e'')');
 SELECT pg_temp.outbox_error('SELECT * FROM outbox_nack_many(''obx_m'', NULL, ''{}'', ''e'')');

@@ -169,7 +169,10 @@ SELECT pg_temp.try_as('sec_plain', $$SELECT idem_bind_tenant('sec_plain', 'x')$$
 SELECT idem_bind_tenant('sec_bound', '');
 SELECT idem_bind_tenant(NULL, 'x');
 SELECT idem_bind_tenant('-', 'x');
-SELECT count(*) AS bindings_of_no_role FROM idempotency.tenant_bindings WHERE role = 0;
+-- an OID that names no role (a role dropped, or never made)
+SELECT idem_bind_tenant(4242424242::oid::regrole, 'x');
+SELECT count(*) AS bindings_of_no_role FROM idempotency.tenant_bindings
+ WHERE role = 0 OR role = 4242424242::oid::regrole;
 -- binding a role the binding cannot confine (idempotency_admin, directly or
 -- through another role, or a superuser) warns, and binds all the same
 GRANT sec_admin TO sec_other;

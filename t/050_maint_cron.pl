@@ -155,7 +155,16 @@ is($node->safe_psql('postgres', $runs_sql), ($runs - 1) . ' 0',
 	'its command deletes that run, and only that one');
 $node->safe_psql('postgres', "SELECT cron.unschedule('purge-cron-history')");
 
-# unschedule: true once, then false; database shop through the hint again
+# unschedule: refused in a read-only transaction (cron.unschedule would
+# delete the job all the same), then true once, then false; database shop
+# through the hint again
+($ret, $out, $err) = $node->psql('postgres',
+	"BEGIN READ ONLY;\n\\set VERBOSITY verbose\nSELECT idem_unschedule_maintenance();\nCOMMIT;");
+like($err, qr/ERROR:  25006: cannot execute idem_unschedule_maintenance\(\) in a read-only transaction/,
+	'unschedule in a read-only transaction: 25006');
+is($node->safe_psql('postgres',
+		"SELECT count(*) FROM cron.job WHERE jobname = 'idempotency-maintenance-postgres'"),
+	'1', 'and the job is still there');
 is($node->safe_psql('postgres', 'SELECT idem_unschedule_maintenance()'),
 	't', 'unscheduled');
 is($node->safe_psql('postgres', 'SELECT idem_unschedule_maintenance()'),
