@@ -44,5 +44,15 @@ for my $enc ('UTF8', 'WIN1252')
 		$expected, "$enc: the canonical text converted to UTF-8 hashes to it");
 }
 
+# a canonical text that would pass 1 GB, the most a text value holds (180
+# million control characters, six bytes each), is refused with 54000 and a
+# hint (here, not in sql/fingerprint: make check-valgrind runs those)
+my ($ret, $out, $err) = $node->psql('postgres',
+	"\\set VERBOSITY verbose\nSELECT length(idem_canonical(to_jsonb(repeat(chr(1), 180000000))));");
+like($err, qr/ERROR:  54000: canonical text of the request is too large/,
+	'a canonical text over 1 GB: 54000');
+like($err, qr/HINT:  idem_fingerprint hashes the request without building its text/,
+	'with a hint');
+
 $node->stop;
 done_testing();
