@@ -118,7 +118,11 @@ INSERT INTO idempotency.outbox (tenant_id, topic, payload, max_attempts, availab
 SELECT 'obx_a', 'obx.bulk', '{"padding": "0123456789012345678901234567890123456789"}', 5,
        now() - interval '1 hour' + g * interval '1 millisecond'
   FROM generate_series(1, 20000) g;
-SELECT count(outbox_enqueue('obx_a', 'obx.urgent', jsonb_build_object('n', g)))
+-- (each due a microsecond after the one before: rows due at the same time
+-- are claimed in the order of their places in the table, which the free
+-- space left by earlier tests decides)
+SELECT count(outbox_enqueue('obx_a', 'obx.urgent', jsonb_build_object('n', g),
+                            deliver_after => g * interval '1 microsecond'))
   FROM generate_series(1, 4) g;
 VACUUM ANALYZE idempotency.outbox;
 SELECT pg_stat_force_next_flush();
