@@ -487,7 +487,8 @@ static const char *outbox_requeue_sql =
 static const char *outbox_discard_sql =
 "DELETE FROM idempotency.outbox"
 " WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND id OPERATOR(pg_catalog.=) $2"
-"   AND status OPERATOR(pg_catalog.=) 'dead'";
+"   AND status OPERATOR(pg_catalog.=) 'dead'"
+" RETURNING topic";
 
 /*
  * outbox_extend: a heartbeat.  Fenced like ack: only the current lease
@@ -3565,21 +3566,20 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 }
 
 /*
- * outbox_requeue(tenant text, id bigint)
- *
- * Returns a dead letter to the queue: pending, attempts 0, due now (its
- * last_error is kept), and notifies idempotency_outbox on commit.  An
- * operator's action, revoked from PUBLIC.  Takes the row lock.  Errors,
- * nothing written: P0002 unknown row, 55000 row not dead.
+ * Run "sql" (outbox_requeue_sql or outbox_discard_sql: it changes the
+ * tenant's row $2 only while it is dead, and returns its topic) for
+ * outbox_requeue or outbox_discard, named by "action".  Returns the topic,
+ * in the caller's memory.  Errors, nothing written: P0002 unknown row,
+ * 55000 row not dead.
  */
-Datum
-idem_outbox_requeue(PG_FUNCTION_ARGS)
+static char *
+outbox_dead_letter_change(FunctionCallInfo fcinfo, SPIPlanPtr *planp,
+						  const char *sql, const char *action)
 {
 	char	   *tenant;
 	int64		id;
 	Oid			argtypes[2] = {TEXTOID, INT8OID};
 	Datum		values[2];
-	SPIPlanPtr	plan;
 	int			rc;
 	char	   *topic;
 	MemoryContext callcontext = CurrentMemoryContext;
@@ -3592,16 +3592,32 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 	values[1] = Int64GetDatum(id);
 
 	idem_spi_connect();
-	plan = outbox_plan(&requeue_plan, outbox_requeue_sql, 2, argtypes);
-	rc = idem_spi_execute(plan, values, NULL, false, 0);
-	if (rc != SPI_OK_UPDATE_RETURNING)
-		elog(ERROR, "outbox requeue failed: %s", SPI_result_code_string(rc));
+	rc = idem_spi_execute(outbox_plan(planp, sql, 2, argtypes), values, NULL,
+						  false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING && rc != SPI_OK_DELETE_RETURNING)
+		elog(ERROR, "%s failed: %s", action, SPI_result_code_string(rc));
 	if (SPI_processed == 0)
-		outbox_explain_miss(tenant, id, "outbox_requeue", true, (Datum) 0);
+		outbox_explain_miss(tenant, id, action, true, (Datum) 0);
 	topic = MemoryContextStrdup(callcontext,
 								SPI_getvalue(SPI_tuptable->vals[0],
 											 SPI_tuptable->tupdesc, 1));
 	SPI_finish();
+	return topic;
+}
+
+/*
+ * outbox_requeue(tenant text, id bigint)
+ *
+ * Returns a dead letter to the queue: pending, attempts 0, due now (its
+ * last_error is kept), and notifies idempotency_outbox on commit.  An
+ * operator's action, revoked from PUBLIC.  Takes the row lock.
+ */
+Datum
+idem_outbox_requeue(PG_FUNCTION_ARGS)
+{
+	char	   *topic = outbox_dead_letter_change(fcinfo, &requeue_plan,
+												  outbox_requeue_sql,
+												  "outbox_requeue");
 
 	if (idem_outbox_notify)
 		outbox_notify_at_commit(topic);
@@ -3615,35 +3631,13 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
  * Deletes a dead letter that will not be delivered: the poison message of
  * an ordering key, whose successors it holds back, gives way to the next
  * row of the key (requeueing it would deliver it again).  An operator's
- * action, revoked from PUBLIC.  Errors, nothing written: P0002 unknown row,
- * 55000 row not dead.
+ * action, revoked from PUBLIC.
  */
 Datum
 idem_outbox_discard(PG_FUNCTION_ARGS)
 {
-	char	   *tenant;
-	int64		id;
-	Oid			argtypes[2] = {TEXTOID, INT8OID};
-	Datum		values[2];
-	SPIPlanPtr	plan;
-	int			rc;
-
-	tenant = outbox_tenant_arg(fcinfo, 0);
-	idem_require_arg(fcinfo, 1, "id");
-	id = PG_GETARG_INT64(1);
-
-	values[0] = CStringGetTextDatum(tenant);
-	values[1] = Int64GetDatum(id);
-
-	idem_spi_connect();
-	plan = outbox_plan(&discard_plan, outbox_discard_sql, 2, argtypes);
-	rc = idem_spi_execute(plan, values, NULL, false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "outbox discard failed: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 0)
-		outbox_explain_miss(tenant, id, "outbox_discard", true, (Datum) 0);
-	SPI_finish();
-
+	(void) outbox_dead_letter_change(fcinfo, &discard_plan, outbox_discard_sql,
+									 "outbox_discard");
 	PG_RETURN_VOID();
 }
 
