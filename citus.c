@@ -280,7 +280,7 @@ citus_ensure(void)
 		return;
 	if (!citus_callback_registered)
 	{
-		CacheRegisterRelcacheCallback(citus_relcache_callback, (Datum) 0);
+		idem_register_relcache_callback(citus_relcache_callback);
 		citus_callback_registered = true;
 	}
 	if (citus_pass_plans != NULL)

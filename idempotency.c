@@ -163,6 +163,39 @@ binding_relcache_callback(Datum arg, Oid relid)
 		binding_valid = false;
 }
 
+/* ----------------------------------------------------------------
+ * One relcache callback for the whole extension
+ *
+ * PostgreSQL keeps 10 relcache callbacks per backend (MAX_RELCACHE_CALLBACKS
+ * in inval.c) for the server and every library loaded, and a backend that
+ * registers one more dies (FATAL).  Citus takes five, so the extension's
+ * caches (bindings, keys, outbox, Citus metadata) share one slot.
+ * ----------------------------------------------------------------
+ */
+#define IDEM_RELCACHE_CALLBACKS 8
+
+static RelcacheCallbackFunction idem_relcache_funcs[IDEM_RELCACHE_CALLBACKS];
+static int	idem_relcache_nfuncs = 0;
+
+static void
+idem_relcache_dispatch(Datum arg, Oid relid)
+{
+	int			i;
+
+	for (i = 0; i < idem_relcache_nfuncs; i++)
+		idem_relcache_funcs[i] (arg, relid);
+}
+
+void
+idem_register_relcache_callback(RelcacheCallbackFunction func)
+{
+	if (idem_relcache_nfuncs >= IDEM_RELCACHE_CALLBACKS)
+		elog(ERROR, "idempotency: out of relcache callback slots");
+	if (idem_relcache_nfuncs == 0)
+		CacheRegisterRelcacheCallback(idem_relcache_dispatch, (Datum) 0);
+	idem_relcache_funcs[idem_relcache_nfuncs++] = func;
+}
+
 /*
  * The tenant "role" is bound to, palloc'd, or NULL.  Read through the
  * primary key like a catalog, without the caller's privileges: every
@@ -225,7 +258,7 @@ binding_load(void)
 
 	if (!binding_callback_registered)
 	{
-		CacheRegisterRelcacheCallback(binding_relcache_callback, (Datum) 0);
+		idem_register_relcache_callback(binding_relcache_callback);
 		binding_callback_registered = true;
 	}
 	nsp = get_namespace_oid("idempotency", false);

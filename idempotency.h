@@ -22,6 +22,7 @@
 #include "fmgr.h"
 #include "datatype/timestamp.h"
 #include "utils/array.h"
+#include "utils/inval.h"
 #include "utils/jsonb.h"
 
 /* Length of a request fingerprint: SHA-256. */
@@ -66,6 +67,14 @@ extern bool idem_loaded_at_startup;
 extern void idem_check_tenant(const char *tenant);
 
 /* An interval of "seconds" (a GUC value), and the same palloc'd as a Datum. */
+/*
+ * Register "func" to run on every relcache invalidation of this backend.
+ * The extension's caches share one slot of PostgreSQL's table of relcache
+ * callbacks, which holds 10 per backend for everything loaded (Citus takes
+ * five).
+ */
+extern void idem_register_relcache_callback(RelcacheCallbackFunction func);
+
 extern Interval idem_seconds_interval(int seconds);
 extern Datum idem_interval_datum(Interval iv);
 

@@ -538,7 +538,7 @@ keys_ensure_cache(void)
 
 		if (!keys_callback_registered)
 		{
-			CacheRegisterRelcacheCallback(keys_relcache_callback, (Datum) 0);
+			idem_register_relcache_callback(keys_relcache_callback);
 			keys_callback_registered = true;
 		}
 		if (keys_cache_cxt == NULL)

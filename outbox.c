@@ -767,7 +767,7 @@ outbox_catalog(void)
 		return outbox_catalog_known;
 	if (!outbox_callbacks_installed)
 	{
-		CacheRegisterRelcacheCallback(outbox_relcache_callback, (Datum) 0);
+		idem_register_relcache_callback(outbox_relcache_callback);
 		CacheRegisterSyscacheCallback(PROCOID, outbox_syscache_callback,
 									  (Datum) 0);
 		outbox_callbacks_installed = true;
@@ -3502,7 +3502,8 @@ outbox_require_error(FunctionCallInfo fcinfo)
 	error = PG_GETARG_TEXT_PP(3);
 	p = VARDATA_ANY(error);
 	len = VARSIZE_ANY_EXHDR(error);
-	while (len > 0 && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+	/* blank as in idem_guard_bypass: space, \t, \n, \v, \f or \r only */
+	while (len > 0 && (*p == ' ' || (*p >= '\t' && *p <= '\r')))
 		p++, len--;
 	if (len == 0)
 		ereport(ERROR,

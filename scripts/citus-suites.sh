@@ -635,6 +635,44 @@ suite_outbox() {
     done
     [ "$seen" = "123" ] || fail "ordered delivery gave $seen, not 123"
     echo "  ordered: one row of key A at a time, in order ($seen)"
+
+    # one backend that runs the key functions, then claims and acknowledges:
+    # the extension's caches share one of the 10 relcache callback slots a
+    # backend has (Citus takes five; one slot each ran out, FATAL).  On the
+    # tenant's worker, then through one coordinator session, whose
+    # connection to the worker Citus keeps
+    local mp
+    mp=$(shard_port mix)
+    got=$(q "$mp" 2>&1 <<'SQL'
+BEGIN;
+SELECT outcome FROM idem_reserve('mix', 'charge', 'm-1', '{"a": 1}');
+SELECT idem_complete('mix', 'charge', 'm-1', 201, '{}');
+COMMIT;
+SELECT outbox_enqueue('mix', 'mixevt', '{}') > 0;
+SELECT count(outbox_ack('mix', id, lease_token))
+  FROM outbox_claim('mixw', 1, '1 minute', ARRAY['mixevt'], 'mix');
+SQL
+)
+    [ "$got" = "created
+succeeded
+t
+1" ] || fail "keys, then claim and ack in one session on $mp: $got"
+    q "$PC" -c "SELECT outbox_enqueue('mix', 'mixevt', '{}')" >/dev/null || fail "enqueue for mix"
+    got=$(q "$mp" -c "SELECT id || ' ' || lease_token FROM outbox_claim('mixw', 1, '1 minute', ARRAY['mixevt'], 'mix')" 2>&1)
+    got=$(q "$PC" 2>&1 <<SQL
+BEGIN;
+SELECT outcome FROM idem_reserve('mix', 'charge', 'm-2', '{"a": 2}');
+SELECT idem_complete('mix', 'charge', 'm-2', 201, '{}');
+COMMIT;
+SELECT 'acked' FROM outbox_ack('mix', ${got% *}, '${got#* }');
+SQL
+)
+    [ "$got" = "created
+succeeded
+acked" ] || fail "keys, then an ack through one coordinator session: $got"
+    got=$(q "$PC" -c "SELECT string_agg(status::text, ',') FROM idempotency.outbox WHERE tenant_id = 'mix'")
+    [ "$got" = "done,done" ] || fail "mix's outbox rows: $got"
+    echo "  keys, claims and acks in one session: on the worker and through the coordinator"
 }
 
 suite_maintenance() {

@@ -47,6 +47,8 @@ as_postgres env CITUS_KEEP="${CITUS_KEEP:-}" CITUS_ONLY="${CITUS_ONLY:-}" \
     bash "$WORK/scripts/citus-suite.sh" "$WORK" || rc=$?
 if [ $rc -eq 0 ] && [ "${CITUS_KEEP:-}" != 1 ]; then
     rm -rf "$WORK"
+elif [ $rc -eq 0 ]; then
+    echo "test-citus: passed; the cluster is left running (CITUS_KEEP=1), its ports in $WORK/cluster/ports"
 else
     echo "test-citus: FAILED; the build tree and the cluster's logs are kept in $WORK" >&2
 fi
