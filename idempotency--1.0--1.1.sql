@@ -171,10 +171,14 @@ SELECT pg_catalog.set_config('idempotency_update.added_privs',
  * untyped) matched both of (42725).  Exactly one of request and
  * fingerprint is given.
  *
- * idem_reserve, idem_complete, outbox_enqueue, outbox_claim and outbox_ack
- * become SECURITY INVOKER without a SET clause: the library runs them as
- * their owner with search_path pinned (idem_owner_enter), as SECURITY
- * DEFINER with SET search_path did, without the per-call cost of the SET.
+ * Every function that takes a tenant (idem_reserve, idem_complete,
+ * idem_checkpoint, idem_release, idem_lookup, idem_resolve and the outbox's)
+ * becomes SECURITY INVOKER without a SET clause: the library runs it as its
+ * owner with search_path pinned (idem_owner_enter), as SECURITY DEFINER
+ * with SET search_path did, without the per-call cost of the SET; and it
+ * sees the role calling it, whose tenant binding it enforces (the owner of
+ * a SECURITY DEFINER function, or of a table being analyzed, calling
+ * through its own code), where SECURITY DEFINER hid that role.
  */
 DROP FUNCTION @extschema@.idem_reserve(text, text, text, jsonb, interval, interval);
 DROP FUNCTION @extschema@.idem_reserve(text, text, text, bytea, interval, interval);
@@ -190,6 +194,10 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
 COMMENT ON FUNCTION @extschema@.idem_reserve(text, text, text, jsonb, interval, interval, bytea) IS
 'reserve an idempotency key for a request (or its SHA-256 fingerprint): created, replay, in_progress, mismatch or stale';
+
+ALTER FUNCTION @extschema@.idem_checkpoint(text, text, text, text, uuid) SECURITY INVOKER RESET ALL;
+ALTER FUNCTION @extschema@.idem_release(text, text, text, uuid) SECURITY INVOKER RESET ALL;
+ALTER FUNCTION @extschema@.idem_resolve(text, text, text, int, jsonb) SECURITY INVOKER RESET ALL;
 
 /* ---- Least privilege (see README, Security) ---- */
 
@@ -286,8 +294,7 @@ RETURNS TABLE (tenant_id text, scope text, idem_key text, fingerprint bytea,
                created_at timestamptz, completed_at timestamptz,
                expires_at timestamptz)
 AS 'MODULE_PATHNAME', 'idem_lookup'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER ROWS 1
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
 
 COMMENT ON FUNCTION @extschema@.idem_lookup(text, text, text) IS
 'the row of an idempotency key, without side effects and without its lock_token';
@@ -420,6 +427,20 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Pass how long this run may take, such as ''50 seconds'' for a job that runs every minute.';
     END IF;
+    IF time_budget OPERATOR(pg_catalog.>) '1000 years'::pg_catalog.interval THEN
+        RAISE EXCEPTION 'time_budget must be at most 1000 years'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass how long this run may take, such as ''50 seconds'' for a job that runs every minute.';
+    END IF;
+    -- mixed signs ('-1 year 360 days') compare as positive and may still
+    -- come to a negative length on the calendar
+    IF pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) time_budget
+       OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp() THEN
+        RAISE EXCEPTION 'time_budget must be a positive interval'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'Its months, days and time have different signs, and at the current date they come to a negative or zero length.',
+                  HINT = 'Pass how long this run may take, such as ''50 seconds'' for a job that runs every minute.';
+    END IF;
     IF batch_size IS NULL THEN
         RAISE EXCEPTION 'batch_size must not be null'
             USING ERRCODE = 'null_value_not_allowed',
@@ -436,7 +457,9 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'Pass how long to rest between batches, such as ''20 milliseconds'', or ''0''.';
     END IF;
-    IF batch_pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
+    IF batch_pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
+       OR pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) batch_pause
+          OPERATOR(pg_catalog.<) pg_catalog.statement_timestamp() THEN
         RAISE EXCEPTION 'batch_pause must not be negative'
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Pass how long to rest between batches, such as ''20 milliseconds'', or ''0''.';
@@ -1152,8 +1175,7 @@ CREATE FUNCTION @extschema@.outbox_extend(tenant text, id bigint, lease_token uu
                               lease interval DEFAULT '30 seconds')
     RETURNS timestamptz
     AS 'MODULE_PATHNAME', 'idem_outbox_extend'
-    LANGUAGE C VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp;
+    LANGUAGE C VOLATILE;
 
 COMMENT ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval) IS
     'heartbeat: extend the lease of a row still leased under lease_token to now + lease';
@@ -1165,8 +1187,7 @@ GRANT EXECUTE ON FUNCTION @extschema@.outbox_extend(text, bigint, uuid, interval
 CREATE FUNCTION @extschema@.outbox_discard(tenant text, id bigint)
     RETURNS void
     AS 'MODULE_PATHNAME', 'idem_outbox_discard'
-    LANGUAGE C VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp;
+    LANGUAGE C VOLATILE;
 
 COMMENT ON FUNCTION @extschema@.outbox_discard(text, bigint) IS
     'delete a dead letter that will not be delivered; the next row of its ordering key becomes its head (operators only)';
@@ -1178,8 +1199,7 @@ CREATE FUNCTION @extschema@.outbox_ack_many(tenant text, ids bigint[], lease_tok
                                 provider_refs text[] DEFAULT NULL)
     RETURNS SETOF bigint
     AS 'MODULE_PATHNAME', 'idem_outbox_ack_many'
-    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
-    SET search_path = pg_catalog, pg_temp;
+    LANGUAGE C VOLATILE ROWS 100;
 
 COMMENT ON FUNCTION @extschema@.outbox_ack_many(text, bigint[], uuid[], text[]) IS
     'outbox_ack for many rows in one statement; returns the ids acknowledged';
@@ -1188,8 +1208,7 @@ CREATE FUNCTION @extschema@.outbox_nack_many(tenant text, ids bigint[], lease_to
                                  error text, retry_in interval DEFAULT NULL)
     RETURNS TABLE (id bigint, status idempotency.outbox_status)
     AS 'MODULE_PATHNAME', 'idem_outbox_nack_many'
-    LANGUAGE C VOLATILE SECURITY DEFINER ROWS 100
-    SET search_path = pg_catalog, pg_temp;
+    LANGUAGE C VOLATILE ROWS 100;
 
 COMMENT ON FUNCTION @extschema@.outbox_nack_many(text, bigint[], uuid[], text, interval) IS
     'outbox_nack for many rows in one statement; returns each row reported and its new status';
@@ -1368,8 +1387,8 @@ GRANT SELECT ON idempotency.stats TO pg_monitor, idempotency_admin;
  * The outbox functions of 1.0 that this update does not recreate above,
  * pointed at the renamed symbols (the library keeps 1.0's names only for
  * databases not updated yet).  Signatures, defaults and options as
- * created (except that outbox_claim and outbox_ack become SECURITY INVOKER
- * without a SET clause, as said at the top); owner, privileges and
+ * created (except that they become SECURITY INVOKER without a SET clause,
+ * as said at the top); owner, privileges and
  * comments stay.
  */
 CREATE OR REPLACE FUNCTION @extschema@.outbox_claim(worker text, batch int DEFAULT 10,
@@ -1390,14 +1409,12 @@ CREATE OR REPLACE FUNCTION @extschema@.outbox_nack(tenant text, id bigint, lease
                             error text, retry_in interval DEFAULT NULL)
     RETURNS idempotency.outbox_status
     AS 'MODULE_PATHNAME', 'idem_outbox_nack'
-    LANGUAGE C VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp;
+    LANGUAGE C VOLATILE;
 
 CREATE OR REPLACE FUNCTION @extschema@.outbox_requeue(tenant text, id bigint)
     RETURNS void
     AS 'MODULE_PATHNAME', 'idem_outbox_requeue'
-    LANGUAGE C VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp;
+    LANGUAGE C VOLATILE;
 
 /* ---- maintenance at scale: the sweeper reads one slice of the table per run ---- */
 

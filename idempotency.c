@@ -136,11 +136,14 @@ idem_new_lease_token(PG_FUNCTION_ARGS)
  * Tenant binding
  *
  * idempotency.tenant_bindings binds a role to one tenant.  The roles that
- * count are the session user and the current role outside any SECURITY
- * DEFINER function (what SET ROLE sets): neither SET, RESET nor naming
- * another tenant gets a bound role past it.  The binding of the pair is
+ * count are the session user, the current role outside any SECURITY
+ * DEFINER function (what SET ROLE sets), and the role that calls the
+ * function (the owner of a SECURITY DEFINER function the call is made
+ * from, or of a table whose index functions ANALYZE or autovacuum run):
+ * neither SET, RESET, naming another tenant nor code of its own run by
+ * another login gets a bound role past it.  The binding of the three is
  * cached per backend and dropped when the table changes (relcache
- * invalidation) or the pair does.
+ * invalidation) or one of them does.
  * ----------------------------------------------------------------
  */
 static bool binding_valid = false;
@@ -154,6 +157,30 @@ static char *binding_role = NULL;	/* the bound role's name, for messages */
 static bool binding_conflict = false;	/* two bindings to different tenants */
 static bool binding_outer_confined = true;	/* see idem_require_role_confined */
 static char *binding_session_tenant = NULL; /* the session user's, or NULL */
+static Oid	binding_caller = InvalidOid;
+static bool binding_caller_conflict = false;	/* the caller's and another's */
+
+/*
+ * The role that called the entry point running now, and the owner it runs
+ * as (idem_owner_enter); InvalidOid outside one.
+ */
+static Oid	owner_scope_caller = InvalidOid;
+static Oid	owner_scope_owner = InvalidOid;
+
+/*
+ * The role whose rights the call was made with: inside an entry point
+ * running as its owner, the current user before the switch; elsewhere
+ * the current user.
+ */
+static Oid
+binding_calling_user(void)
+{
+	Oid			current = GetUserId();
+
+	if (OidIsValid(owner_scope_owner) && current == owner_scope_owner)
+		return owner_scope_caller;
+	return current;
+}
 
 static void
 binding_relcache_callback(Datum arg, Oid relid)
@@ -236,24 +263,27 @@ binding_of(Oid role, Oid indexid)
 	return tenant;
 }
 
-/* Load the binding of the current (session user, outer user) pair. */
+/* Load the binding of the current session user, outer user and caller. */
 static void
 binding_load(void)
 {
 	Oid			session_user = GetSessionUserId();
 	Oid			outer_user = GetOuterUserId();
+	Oid			caller = binding_calling_user();
 	Oid			nsp;
 	Oid			indexid;
 	char	   *tenant = NULL;
 	char	   *role = NULL;
 	bool		conflict = false;
+	bool		caller_conflict = false;
 	bool		confined = true;
 
 	/* a binding committed by another session since this call began */
 	AcceptInvalidationMessages();
 	if (binding_valid && !binding_loading &&
 		session_user == binding_session_user &&
-		outer_user == binding_outer_user)
+		outer_user == binding_outer_user &&
+		caller == binding_caller)
 		return;
 
 	if (!binding_callback_registered)
@@ -277,6 +307,7 @@ binding_load(void)
 			pfree(binding_tenant);
 		binding_tenant = NULL;
 		binding_conflict = false;
+		binding_caller_conflict = false;
 		binding_outer_confined = true;
 		return;
 	}
@@ -314,6 +345,21 @@ binding_load(void)
 			tenant = outer_tenant;
 		}
 	}
+	if (caller != session_user && caller != outer_user)
+	{
+		char	   *caller_tenant = binding_of(caller, indexid);
+
+		if (caller_tenant != NULL)
+		{
+			if (tenant == NULL)
+			{
+				role = GetUserNameFromId(caller, false);
+				tenant = caller_tenant;
+			}
+			else if (strcmp(tenant, caller_tenant) != 0)
+				caller_conflict = true;
+		}
+	}
 
 	if (binding_tenant)
 		pfree(binding_tenant);
@@ -322,9 +368,11 @@ binding_load(void)
 	binding_tenant = tenant ? MemoryContextStrdup(TopMemoryContext, tenant) : NULL;
 	binding_role = role ? MemoryContextStrdup(TopMemoryContext, role) : NULL;
 	binding_conflict = conflict;
+	binding_caller_conflict = caller_conflict;
 	binding_outer_confined = confined;
 	binding_session_user = session_user;
 	binding_outer_user = outer_user;
+	binding_caller = caller;
 	binding_loading = false;
 }
 
@@ -371,9 +419,10 @@ idem_require_role_confined(Oid role)
 
 /*
  * idem_bound_tenant
- *		The tenant the calling role is bound to, or NULL.  A session whose
+ *		The tenant the calling roles are bound to, or NULL.  A session whose
  *		session user and current role are bound to different tenants may
- *		act for neither (42501).
+ *		act for neither (42501), nor may a call made by a role bound to
+ *		another tenant than theirs.
  */
 const char *
 idem_bound_tenant(void)
@@ -384,6 +433,18 @@ idem_bound_tenant(void)
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("the session user and the current role are bound to different tenants"),
 				 errhint("Connect as, or SET ROLE to, a role bound to the tenant to act for.")));
+	if (binding_caller_conflict)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("role \"%s\" is bound to tenant \"%s\", and this session to tenant \"%s\"",
+						GetUserNameFromId(binding_caller, false),
+						binding_of(binding_caller,
+								   get_relname_relid("tenant_bindings_pkey",
+													 get_namespace_oid("idempotency", false))),
+						binding_tenant),
+				 errdetail("The call was made with the rights of role \"%s\" (the owner of a SECURITY DEFINER function, or of a table whose index functions run).",
+						   GetUserNameFromId(binding_caller, false)),
+				 errhint("Make the call from code owned by a role bound to the same tenant as the session, or by a role bound to none.")));
 	return binding_tenant;
 }
 
@@ -438,7 +499,11 @@ idem_interval_datum(Interval iv)
  * PostgreSQL compares intervals.  A longer one would hold a row (and its
  * ordering key) for good, or overflow the timestamp it is added to once
  * the statement runs; both are refused here, before anything is written,
- * with 22023 and "hint".
+ * with 22023 and "hint".  An interval whose months, days and time have
+ * different signs ('-1 year 360 days 1 hour') compares as positive (a
+ * month counts as 30 days) and may still come to a negative length on a
+ * calendar: it is refused unless, added to the current time and taken
+ * from it, it moves forward and back (or not at all, when "zero_ok").
  */
 void
 idem_check_interval(Interval *iv, const char *name, bool zero_ok,
@@ -457,6 +522,29 @@ idem_check_interval(Interval *iv, const char *name, bool zero_ok,
 				 zero_ok ? errmsg("%s must not be negative", name) :
 				 errmsg("%s must be positive", name),
 				 errhint("%s", hint)));
+	if ((iv->month < 0 || iv->day < 0 || iv->time < 0) &&
+		(iv->month > 0 || iv->day > 0 || iv->time > 0))
+	{
+		TimestampTz now = GetCurrentStatementStartTimestamp();
+		TimestampTz later;
+		TimestampTz earlier;
+
+		later = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+														TimestampTzGetDatum(now),
+														IntervalPGetDatum(iv)));
+		earlier = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_mi_interval,
+														  TimestampTzGetDatum(now),
+														  IntervalPGetDatum(iv)));
+		if (later < now || earlier > now ||
+			(!zero_ok && (later == now || earlier == now)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 zero_ok ? errmsg("%s must not be negative", name) :
+					 errmsg("%s must be positive", name),
+					 errdetail("Its months, days and time have different signs, and at the current date they come to a %s length.",
+							   zero_ok ? "negative" : "negative or zero"),
+					 errhint("%s", hint)));
+	}
 	bound.month = IDEM_MAX_INTERVAL_YEARS * MONTHS_PER_YEAR;
 	if (DatumGetInt32(DirectFunctionCall2(interval_cmp,
 										  IntervalPGetDatum(iv),
@@ -703,7 +791,27 @@ typedef struct IdemOwnerScope
 	Oid			save_userid;
 	int			save_sec_context;
 	int			save_nestlevel;
+	Oid			save_caller;
+	Oid			save_owner;
 } IdemOwnerScope;
+
+/*
+ * An error unwinds the entry points without idem_owner_leave: forget the
+ * caller at the end of the transaction.  (Within it, after an error caught
+ * in a subtransaction, binding_calling_user takes the caller only while
+ * the current user is the owner the entry point switched to.)
+ */
+static bool owner_scope_callback_registered = false;
+
+static void
+owner_scope_xact_callback(XactEvent event, void *arg)
+{
+	(void) arg;
+	if (event != XACT_EVENT_ABORT && event != XACT_EVENT_PARALLEL_ABORT)
+		return;
+	owner_scope_caller = InvalidOid;
+	owner_scope_owner = InvalidOid;
+}
 
 /*
  * Run as the owner of the function being called, with search_path
@@ -723,6 +831,16 @@ idem_owner_enter(FunctionCallInfo fcinfo, IdemOwnerScope *scope)
 	owner = function_owner(fcinfo->flinfo->fn_oid);
 
 	GetUserIdAndSecContext(&scope->save_userid, &scope->save_sec_context);
+	if (!owner_scope_callback_registered)
+	{
+		RegisterXactCallback(owner_scope_xact_callback, NULL);
+		owner_scope_callback_registered = true;
+	}
+	/* the role whose tenant binding the call is held to (binding_load) */
+	scope->save_caller = owner_scope_caller;
+	scope->save_owner = owner_scope_owner;
+	owner_scope_caller = binding_calling_user();
+	owner_scope_owner = owner;
 	SetUserIdAndSecContext(owner,
 						   scope->save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
 	scope->save_nestlevel = idem_pin_search_path();
@@ -733,6 +851,8 @@ idem_owner_leave(IdemOwnerScope *scope)
 {
 	idem_unpin_search_path(scope->save_nestlevel);
 	SetUserIdAndSecContext(scope->save_userid, scope->save_sec_context);
+	owner_scope_caller = scope->save_caller;
+	owner_scope_owner = scope->save_owner;
 }
 
 /* "body"(fcinfo) between idem_owner_enter and idem_owner_leave. */

@@ -3237,8 +3237,8 @@ idem_complete(PG_FUNCTION_ARGS)
  *		processing key, whoever holds it, as idem_complete would, and clear
  *		needs_reconciliation.  Waits for the key's lock; writes its row.
  */
-Datum
-idem_resolve(PG_FUNCTION_ARGS)
+static Datum
+idem_resolve_body(PG_FUNCTION_ARGS)
 {
 	KeyIdent	id;
 	Oid			status;
@@ -3258,14 +3258,21 @@ idem_resolve(PG_FUNCTION_ARGS)
 	PG_RETURN_OID(status);
 }
 
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_resolve(PG_FUNCTION_ARGS)
+{
+	return idem_call_as_owner(fcinfo, idem_resolve_body);
+}
+
 /*
  * idem_checkpoint(tenant, scope, key, recovery_point, lock_token)
  *		Record how far a two-phase attempt has got, and renew its lock
  *		(locked_at): an attempt that checkpoints is alive.  Waits for the
  *		key's lock; writes its row.
  */
-Datum
-idem_checkpoint(PG_FUNCTION_ARGS)
+static Datum
+idem_checkpoint_body(PG_FUNCTION_ARGS)
 {
 	KeyIdent	id;
 	Oid			argtypes[6] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID,
@@ -3308,13 +3315,20 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_checkpoint(PG_FUNCTION_ARGS)
+{
+	return idem_call_as_owner(fcinfo, idem_checkpoint_body);
+}
+
 /*
  * idem_release(tenant, scope, key, lock_token)
  *		Give a reservation up without caching anything: the row is deleted
  *		and a retry runs afresh.  Waits for the key's lock; deletes its row.
  */
-Datum
-idem_release(PG_FUNCTION_ARGS)
+static Datum
+idem_release_body(PG_FUNCTION_ARGS)
 {
 	KeyIdent	id;
 	pg_uuid_t  *token;
@@ -3332,6 +3346,13 @@ idem_release(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_release(PG_FUNCTION_ARGS)
+{
+	return idem_call_as_owner(fcinfo, idem_release_body);
+}
+
 /*
  * idem_lookup(tenant, scope, key) RETURNS TABLE (...)
  *		The key's row, if any, as it is now; no lock, no write.  The columns
@@ -3339,8 +3360,8 @@ idem_release(PG_FUNCTION_ARGS)
  *		returned (whoever may look a key up must not be able to complete
  *		another attempt's reservation with it).
  */
-Datum
-idem_lookup(PG_FUNCTION_ARGS)
+static Datum
+idem_lookup_body(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	KeyIdent	id;
@@ -3384,4 +3405,11 @@ idem_lookup(PG_FUNCTION_ARGS)
 	}
 	SPI_finish();
 	return (Datum) 0;
+}
+
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_lookup(PG_FUNCTION_ARGS)
+{
+	return idem_call_as_owner(fcinfo, idem_lookup_body);
 }

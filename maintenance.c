@@ -44,6 +44,8 @@
 #include "datatype/timestamp.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "storage/bufmgr.h"
 #include "storage/itemptr.h"
@@ -869,6 +871,26 @@ maint_require_pg_cron(const char *sql_there)
 #define SCHEDULE_HINT "Pass a cron schedule of five fields, such as '* * * * *' (every minute) or '*/5 * * * *'; pg_cron runs a job at most once a minute."
 
 /*
+ * A schedule as an error message shows it: no longer than a schedule can
+ * be (a long text is cut, and said to be), on one line.
+ */
+static char *
+maint_schedule_shown(const char *schedule)
+{
+	int			len = strlen(schedule);
+	int			clip = pg_mbcliplen(schedule, len, 64);
+	StringInfoData buf;
+	int			i;
+
+	initStringInfo(&buf);
+	for (i = 0; i < clip; i++)
+		appendStringInfoChar(&buf, (unsigned char) schedule[i] < ' ' ? ' ' : schedule[i]);
+	if (clip < len)
+		appendStringInfo(&buf, "... (%d bytes)", len);
+	return buf.data;
+}
+
+/*
  * Whether "schedule" has the shape of a pg_cron schedule: five fields, one
  * of its @macros (@hourly, @daily ...) or 1 to 59 seconds ("30 seconds",
  * which pg_cron 1.5 and later take).
@@ -951,7 +973,7 @@ maint_check_seconds_schedule(const char *schedule)
 		return;
 	ereport(ERROR,
 			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("invalid schedule: %s", schedule),
+			 errmsg("invalid schedule: %s", maint_schedule_shown(schedule)),
 			 errdetail("pg_cron %s, installed on this server, takes no schedule in seconds (1.5 and later do).",
 					   version),
 			 errhint(SCHEDULE_HINT)));
@@ -993,7 +1015,7 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 	if (!maint_schedule_shaped(schedule, &in_seconds))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid schedule: %s", schedule),
+				 errmsg("invalid schedule: %s", maint_schedule_shown(schedule)),
 				 errhint(SCHEDULE_HINT)));
 	if (in_seconds)
 		maint_check_seconds_schedule(schedule);

@@ -3522,8 +3522,8 @@ outbox_require_error(FunctionCallInfo fcinfo)
  * max_attempts.  Returns the new status.  Takes the row lock.  Errors as
  * outbox_ack, plus 22023 for a negative retry_in.
  */
-Datum
-idem_outbox_nack(PG_FUNCTION_ARGS)
+static Datum
+idem_outbox_nack_body(PG_FUNCTION_ARGS)
 {
 	char	   *tenant;
 	int64		id;
@@ -3564,6 +3564,13 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	PG_RETURN_DATUM(status);
+}
+
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_outbox_nack(PG_FUNCTION_ARGS)
+{
+	return idem_call_as_owner(fcinfo, idem_outbox_nack_body);
 }
 
 /*
@@ -3613,8 +3620,8 @@ outbox_dead_letter_change(FunctionCallInfo fcinfo, SPIPlanPtr *planp,
  * last_error is kept), and notifies idempotency_outbox on commit.  An
  * operator's action, revoked from PUBLIC.  Takes the row lock.
  */
-Datum
-idem_outbox_requeue(PG_FUNCTION_ARGS)
+static Datum
+idem_outbox_requeue_body(PG_FUNCTION_ARGS)
 {
 	char	   *topic = outbox_dead_letter_change(fcinfo, &requeue_plan,
 												  outbox_requeue_sql,
@@ -3626,6 +3633,13 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_outbox_requeue(PG_FUNCTION_ARGS)
+{
+	return idem_call_as_owner(fcinfo, idem_outbox_requeue_body);
+}
+
 /*
  * outbox_discard(tenant text, id bigint)
  *
@@ -3634,12 +3648,19 @@ idem_outbox_requeue(PG_FUNCTION_ARGS)
  * row of the key (requeueing it would deliver it again).  An operator's
  * action, revoked from PUBLIC.
  */
-Datum
-idem_outbox_discard(PG_FUNCTION_ARGS)
+static Datum
+idem_outbox_discard_body(PG_FUNCTION_ARGS)
 {
 	(void) outbox_dead_letter_change(fcinfo, &discard_plan, outbox_discard_sql,
 									 "outbox_discard");
 	PG_RETURN_VOID();
+}
+
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_outbox_discard(PG_FUNCTION_ARGS)
+{
+	return idem_call_as_owner(fcinfo, idem_outbox_discard_body);
 }
 
 /*
@@ -3653,8 +3674,8 @@ idem_outbox_discard(PG_FUNCTION_ARGS)
  * nothing written: 22004 NULL argument, 22023 lease not positive, P0002
  * unknown row, 55000 row done or dead, 55006 stale lease token.
  */
-Datum
-idem_outbox_extend(PG_FUNCTION_ARGS)
+static Datum
+idem_outbox_extend_body(PG_FUNCTION_ARGS)
 {
 	char	   *tenant;
 	int64		id;
@@ -3684,6 +3705,13 @@ idem_outbox_extend(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	PG_RETURN_DATUM(until);
+}
+
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_outbox_extend(PG_FUNCTION_ARGS)
+{
+	return idem_call_as_owner(fcinfo, idem_outbox_extend_body);
 }
 
 /*
@@ -3815,8 +3843,8 @@ outbox_many_by_row(FunctionCallInfo fcinfo, SPIPlanPtr plan, int nparams,
  * written: 22004 NULL tenant, ids or lease_tokens or a NULL element, 22023
  * arrays of different lengths.
  */
-Datum
-idem_outbox_ack_many(PG_FUNCTION_ARGS)
+static Datum
+idem_outbox_ack_many_body(PG_FUNCTION_ARGS)
 {
 	char	   *tenant;
 	int			n;
@@ -3884,6 +3912,13 @@ idem_outbox_ack_many(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_outbox_ack_many(PG_FUNCTION_ARGS)
+{
+	return idem_call_as_owner(fcinfo, idem_outbox_ack_many_body);
+}
+
 /*
  * outbox_nack_many(tenant text, ids bigint[], lease_tokens uuid[],
  *					error text, retry_in interval)
@@ -3895,8 +3930,8 @@ idem_outbox_ack_many(PG_FUNCTION_ARGS)
  * are left out, as in outbox_ack_many.  Errors, nothing written: as
  * outbox_ack_many, plus 22023 for a negative retry_in.
  */
-Datum
-idem_outbox_nack_many(PG_FUNCTION_ARGS)
+static Datum
+idem_outbox_nack_many_body(PG_FUNCTION_ARGS)
 {
 	char	   *tenant;
 	int			n;
@@ -3955,6 +3990,13 @@ idem_outbox_nack_many(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	return (Datum) 0;
+}
+
+/* As the owner of the function, search_path pinned (idem_owner_enter). */
+Datum
+idem_outbox_nack_many(PG_FUNCTION_ARGS)
+{
+	return idem_call_as_owner(fcinfo, idem_outbox_nack_many_body);
 }
 
 /*

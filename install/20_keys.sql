@@ -102,12 +102,14 @@ SELECT pg_catalog.pg_extension_config_dump('idempotency.keys', '');
 SELECT pg_catalog.pg_extension_config_dump('idempotency.scopes', '');
 
 /*
- * User-facing functions: SECURITY DEFINER with a fixed search_path, so they
- * reach idempotency.keys (not readable by PUBLIC) and never depend on the
- * caller's search_path.  idem_reserve and idem_complete, which every request
- * calls, are declared SECURITY INVOKER and do the same in C: they run as
- * their owner with search_path pinned to pg_catalog, pg_temp
- * (idem_owner_enter), without the per-call cost of a function-level SET.
+ * User-facing functions that take a tenant are declared SECURITY INVOKER
+ * and run as their owner in C, with search_path pinned to pg_catalog,
+ * pg_temp (idem_owner_enter): they reach idempotency.keys (not readable by
+ * PUBLIC) and never depend on the caller's search_path, as SECURITY DEFINER
+ * with a SET clause would, without the per-call cost of a function-level
+ * SET; and they see the role calling them, whose tenant binding they
+ * enforce (a bound role's SECURITY DEFINER function, or an index function
+ * run as its table's owner, is held to its binding whoever runs it).
  * Not STRICT: a NULL argument is an error with a hint, not a silent NULL.
  */
 /*
@@ -143,8 +145,7 @@ CREATE FUNCTION idem_checkpoint(tenant text, scope text, key text,
                                 recovery_point text, lock_token uuid DEFAULT NULL)
 RETURNS void
 AS 'MODULE_PATHNAME', 'idem_checkpoint'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
 COMMENT ON FUNCTION idem_checkpoint(text, text, text, text, uuid) IS
 'record the recovery point of a two-phase reservation and renew its lock';
@@ -153,8 +154,7 @@ CREATE FUNCTION idem_release(tenant text, scope text, key text,
                              lock_token uuid DEFAULT NULL)
 RETURNS void
 AS 'MODULE_PATHNAME', 'idem_release'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
 COMMENT ON FUNCTION idem_release(text, text, text, uuid) IS
 'give a reservation up without storing a response: a retry runs afresh';
@@ -167,8 +167,7 @@ RETURNS TABLE (tenant_id text, scope text, idem_key text, fingerprint bytea,
                created_at timestamptz, completed_at timestamptz,
                expires_at timestamptz)
 AS 'MODULE_PATHNAME', 'idem_lookup'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER ROWS 1
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
 
 COMMENT ON FUNCTION idem_lookup(text, text, text) IS
 'the row of an idempotency key, without side effects and without its lock_token';
@@ -178,8 +177,7 @@ CREATE FUNCTION idem_resolve(tenant text, scope text, key text,
                              response_code int, response_body jsonb)
 RETURNS idempotency.status
 AS 'MODULE_PATHNAME', 'idem_resolve'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
 COMMENT ON FUNCTION idem_resolve(text, text, text, int, jsonb) IS
 'store the outcome an operator established for a processing key and clear needs_reconciliation';

@@ -174,6 +174,20 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Pass how long this run may take, such as ''50 seconds'' for a job that runs every minute.';
     END IF;
+    IF time_budget OPERATOR(pg_catalog.>) '1000 years'::pg_catalog.interval THEN
+        RAISE EXCEPTION 'time_budget must be at most 1000 years'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass how long this run may take, such as ''50 seconds'' for a job that runs every minute.';
+    END IF;
+    -- mixed signs ('-1 year 360 days') compare as positive and may still
+    -- come to a negative length on the calendar
+    IF pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) time_budget
+       OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp() THEN
+        RAISE EXCEPTION 'time_budget must be a positive interval'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'Its months, days and time have different signs, and at the current date they come to a negative or zero length.',
+                  HINT = 'Pass how long this run may take, such as ''50 seconds'' for a job that runs every minute.';
+    END IF;
     IF batch_size IS NULL THEN
         RAISE EXCEPTION 'batch_size must not be null'
             USING ERRCODE = 'null_value_not_allowed',
@@ -190,7 +204,9 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'Pass how long to rest between batches, such as ''20 milliseconds'', or ''0''.';
     END IF;
-    IF batch_pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
+    IF batch_pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
+       OR pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) batch_pause
+          OPERATOR(pg_catalog.<) pg_catalog.statement_timestamp() THEN
         RAISE EXCEPTION 'batch_pause must not be negative'
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Pass how long to rest between batches, such as ''20 milliseconds'', or ''0''.';

@@ -238,3 +238,11 @@ REVOKE ALL ON PROCEDURE idem_maintain(interval, int, interval),
 REVOKE ALL ON FUNCTION idempotency.reap(int), idempotency.sweep(interval),
     idempotency.reclaim_leases(), idempotency.purge_outbox(int) FROM maint_ops;
 DROP ROLE maint_ops;
+-- intervals whose parts have different signs, five days back on any date:
+-- refused (22023) before anything runs, as a time_budget over 1000 years is
+CALL idem_maintain('-1 year 360 days 1 hour');
+CALL idem_maintain('1 second', 10, '-1 year 360 days 1 hour');
+CALL idem_maintain('300000 years');
+SELECT idem_sweep('-1 year 360 days 1 hour');
+-- a schedule that cannot be one is shown cut in the error
+SELECT idem_schedule_maintenance(repeat('x', 100000));

@@ -204,3 +204,20 @@ SELECT payload->>'n' AS second, attempts FROM outbox_claim('w', 1, '1 minute', t
 SELECT count(*) AS third FROM outbox_claim('w', 1, '1 minute', tenant => 'obx_first');
 SELECT payload->>'n' AS by_topic, attempts FROM outbox_claim('w', 1, '1 minute', topics => '{first.topic}');
 DELETE FROM idempotency.outbox WHERE tenant_id IN ('obx_first', 'obx_first2');
+-- an interval whose parts have different signs compares as positive (a
+-- month counts as 30 days) but may come to a negative length on the
+-- calendar: '-1 year 360 days 1 hour' is five days back on any date.  Each
+-- is refused before anything is written; one that moves forward on every
+-- date is taken
+SELECT outbox_enqueue('obx_mixed', 'mixed.topic', '{}', deliver_after => '-1 year 360 days 1 hour');
+SELECT count(*) FROM outbox_claim('w', 1, '-1 year 360 days 1 hour');
+SELECT outbox_extend('obx_mixed', 1, gen_random_uuid(), '-1 year 360 days 1 hour');
+SELECT outbox_nack('obx_mixed', 1, gen_random_uuid(), 'HTTP 503', '-1 year 360 days 1 hour');
+SELECT * FROM outbox_nack_many('obx_mixed', '{1}', ARRAY[gen_random_uuid()], 'HTTP 503', '-1 year 360 days 1 hour');
+SELECT count(*) AS outbox_rows FROM idempotency.outbox WHERE tenant_id = 'obx_mixed';
+SELECT outbox_enqueue('obx_mixed', 'mixed.topic', '{}') AS mixed_id \gset
+SELECT lease_until > now() + interval '26 days' AS lease_ahead
+  FROM outbox_claim('w', 1, '1 mon -1 day', topics => '{mixed.topic}');
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_mixed';
+-- a nack's error that is blank (spaces, tabs, line breaks, \v, \f) is refused
+SELECT outbox_nack('obx_mixed', 1, gen_random_uuid(), E' \f\t\n\r\x0b ');

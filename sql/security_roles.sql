@@ -135,6 +135,43 @@ SELECT DISTINCT tenant FROM idempotency.stats ORDER BY 1;
 SET ROLE sec_bound;
 SELECT DISTINCT tenant FROM idempotency.stats ORDER BY 1;
 RESET ROLE;
+-- code a bound role owns runs with its rights, and so with its binding,
+-- whoever runs it: a SECURITY DEFINER function of sec_bound called by an
+-- unbound role, and an index function of sec_bound's table run by ANALYZE
+-- (which runs it as the table's owner)
+CREATE SCHEMA sec_code AUTHORIZATION sec_bound;
+SET ROLE sec_bound;
+CREATE FUNCTION sec_code.reserve(t text) RETURNS text
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_catalog
+AS $$ SELECT outcome::text FROM idem_reserve(t, 'orders', 'code-1', '{}') $$;
+CREATE FUNCTION sec_code.lookup(t text) RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_catalog
+AS $$ SELECT count(*) FROM idem_lookup(t, 'orders', 'held') $$;
+CREATE FUNCTION sec_code.probe(x int) RETURNS int
+LANGUAGE plpgsql IMMUTABLE SET search_path = public, pg_catalog
+AS $$ BEGIN PERFORM idem_lookup('sec_t', 'orders', 'held'); RETURN x; END $$;
+CREATE TABLE sec_code.t (x int);
+CREATE INDEX ON sec_code.t (sec_code.probe(x));
+GRANT USAGE ON SCHEMA sec_code TO sec_app, sec_other;
+RESET ROLE;
+SET ROLE sec_app;
+SELECT sec_code.reserve('sec_t');
+SELECT sec_code.lookup('sec_t');
+SELECT sec_code.reserve('acme');
+RESET ROLE;
+SELECT tenant_id, idem_key FROM idempotency.keys WHERE idem_key = 'code-1';
+-- rows inserted by a superuser (the index function runs as the inserter);
+-- ANALYZE runs it as sec_bound
+INSERT INTO sec_code.t SELECT generate_series(1, 10);
+ANALYZE sec_code.t;
+-- a call made by a role bound to another tenant than the session's: neither
+SELECT idem_bind_tenant('sec_other', 'globex');
+SET ROLE sec_other;
+SELECT sec_code.reserve('globex');
+SELECT sec_code.reserve('acme');
+RESET ROLE;
+SELECT idem_unbind_tenant('sec_other');
+DROP SCHEMA sec_code CASCADE;
 -- long tenant names (up to 255 bytes) keep rows of their own: one of 127
 -- bytes and one of 200 sharing those 127, each bound to a role that reads
 -- its own counts only (a long name shows as its first 110 bytes, '~' and a
