@@ -419,7 +419,7 @@ idem_keys_probe_relid(Oid keys_relid, Datum tenant)
 						TextDatumGetCString(tenant)),
 				 errdetail("idempotency.keys is distributed with Citus; the key functions run on the node holding the tenant's shard (shard " INT64_FORMAT ").",
 						   shard->keys_shardid),
-				 errhint("Call the function as a statement of its own with literals or parameters as arguments, SELECT idem_reserve($1, ...), not a volatile expression such as gen_random_uuid(), so that Citus delegates it to that node; run idem_citus_distribute() once after CREATE EXTENSION citus.  In a transaction open while the tenant's shard was moved, retry the transaction.")));
+				 errhint("Call the function as a statement of its own with literals or parameters as arguments, SELECT idem_reserve($1, ...), not a volatile expression such as gen_random_uuid(), and with plan_cache_mode other than force_generic_plan (a generic plan is not delegated), so that Citus delegates it to that node; run idem_citus_distribute() once after CREATE EXTENSION citus.  In a transaction open while the tenant's shard was moved, retry the transaction.")));
 	return shard->keys_shard;
 }
 

@@ -641,7 +641,9 @@ SELECT k.processing,
        -- (0x4944), aged from the start of the transaction holding each
        -- (another role's shows to members of pg_read_all_stats) or from
        -- its PREPARE TRANSACTION (found through its xid's lock, which a
-       -- prepared transaction holds without a pid).  The lock table is
+       -- prepared transaction holds without a pid).  Both are read from
+       -- the functions behind pg_stat_activity and pg_prepared_xacts: those
+       -- views join pg_authid, which Citus checks as the calling role.  The lock table is
        -- read once, and the prepared transactions are matched from the
        -- few rows of "prepared": a join back to pg_locks read the whole
        -- lock table again for every key held (a second for 6,000 keys).
@@ -659,14 +661,14 @@ SELECT k.processing,
              prepared AS MATERIALIZED (
              SELECT x.virtualtransaction, p.prepared
                FROM l x
-               JOIN pg_catalog.pg_prepared_xacts p
+               JOIN pg_catalog.pg_prepared_xact() p
                  ON p.transaction OPERATOR(pg_catalog.=) x.transactionid
               WHERE x.locktype OPERATOR(pg_catalog.=) 'transactionid')
         SELECT pg_catalog.count(*) AS reservations_held,
                pg_catalog.now() OPERATOR(pg_catalog.-)
                    pg_catalog.min(COALESCE(a.xact_start, p.prepared)) AS oldest_held_age
           FROM l
-          LEFT JOIN pg_catalog.pg_stat_activity a
+          LEFT JOIN pg_catalog.pg_stat_get_activity(NULL::pg_catalog.int4) a
                  ON a.pid OPERATOR(pg_catalog.=) l.pid
           LEFT JOIN prepared p
                  ON l.pid IS NULL

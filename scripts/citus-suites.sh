@@ -728,6 +728,11 @@ suite_maintenance() {
     # health is one cluster-wide query from the coordinator
     got=$(q "$PC" -c "SELECT outbox_pending FROM idempotency.health") || fail "health on the coordinator"
     [ "${got:-0}" -ge 12 ] || fail "health: outbox_pending $got"
+    # ...also for a member of idempotency_admin, as README says to read it
+    q "$PC" -c "CREATE ROLE citus_ops LOGIN IN ROLE idempotency_admin" >/dev/null
+    got=$(psql -X -q -A -t -p "$PC" -U citus_ops -d postgres -c "SELECT outbox_pending FROM idempotency.health" 2>&1)
+    [ "${got:-0}" -ge 12 ] 2>/dev/null || fail "health as a member of idempotency_admin: $got"
+    q "$PC" -c "DROP ROLE citus_ops" >/dev/null
 }
 
 # The scheduled sweep on a worker: one run reads at most pages_per_run
