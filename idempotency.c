@@ -159,13 +159,25 @@ static bool binding_outer_confined = true;	/* see idem_require_role_confined */
 static char *binding_session_tenant = NULL; /* the session user's, or NULL */
 static Oid	binding_caller = InvalidOid;
 static bool binding_caller_conflict = false;	/* the caller's and another's */
+static bool binding_caller_shared = false;	/* idempotency_app's code, etc. */
 
 /*
- * The role that called the entry point running now, and the owner it runs
- * as (idem_owner_enter); InvalidOid outside one.
+ * The entry points running now as their owner (idem_owner_enter), the
+ * innermost last: the role each was called by, the owner it runs as, and
+ * the (sub)transaction nesting level it was entered at.  An error unwinds
+ * them without idem_owner_leave: the abort of a subtransaction drops those
+ * entered in it, that of the transaction all (owner_scope_xact_callback).
  */
-static Oid	owner_scope_caller = InvalidOid;
-static Oid	owner_scope_owner = InvalidOid;
+typedef struct OwnerScopeFrame
+{
+	Oid			caller;
+	Oid			owner;
+	int			nest_level;
+} OwnerScopeFrame;
+
+static OwnerScopeFrame *owner_scope_frames = NULL;	/* in TopMemoryContext */
+static int	owner_scope_depth = 0;
+static int	owner_scope_size = 0;
 
 /*
  * The role whose rights the call was made with: inside an entry point
@@ -177,8 +189,9 @@ binding_calling_user(void)
 {
 	Oid			current = GetUserId();
 
-	if (OidIsValid(owner_scope_owner) && current == owner_scope_owner)
-		return owner_scope_caller;
+	if (owner_scope_depth > 0 &&
+		current == owner_scope_frames[owner_scope_depth - 1].owner)
+		return owner_scope_frames[owner_scope_depth - 1].caller;
 	return current;
 }
 
@@ -276,6 +289,7 @@ binding_load(void)
 	char	   *role = NULL;
 	bool		conflict = false;
 	bool		caller_conflict = false;
+	bool		caller_shared = false;
 	bool		confined = true;
 
 	/* a binding committed by another session since this call began */
@@ -308,6 +322,7 @@ binding_load(void)
 		binding_tenant = NULL;
 		binding_conflict = false;
 		binding_caller_conflict = false;
+		binding_caller_shared = false;
 		binding_outer_confined = true;
 		return;
 	}
@@ -349,6 +364,14 @@ binding_load(void)
 	{
 		char	   *caller_tenant = binding_of(caller, indexid);
 
+		/*
+		 * Code owned by idempotency_app or idempotency_worker: every bound
+		 * service is a member of one, and may give its code to it (ALTER
+		 * ... OWNER TO), to run bound to no tenant in another login.
+		 */
+		caller_shared = caller == get_role_oid("idempotency_app", true) ||
+			caller == get_role_oid("idempotency_worker", true);
+
 		if (caller_tenant != NULL)
 		{
 			if (tenant == NULL)
@@ -369,6 +392,7 @@ binding_load(void)
 	binding_role = role ? MemoryContextStrdup(TopMemoryContext, role) : NULL;
 	binding_conflict = conflict;
 	binding_caller_conflict = caller_conflict;
+	binding_caller_shared = caller_shared;
 	binding_outer_confined = confined;
 	binding_session_user = session_user;
 	binding_outer_user = outer_user;
@@ -433,6 +457,14 @@ idem_bound_tenant(void)
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("the session user and the current role are bound to different tenants"),
 				 errhint("Connect as, or SET ROLE to, a role bound to the tenant to act for.")));
+	if (binding_caller_shared)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("the call is made with the rights of role \"%s\"",
+						GetUserNameFromId(binding_caller, false)),
+				 errdetail("Role \"%s\" owns the SECURITY DEFINER function, or the table, the call comes from: a member bound to a tenant could give it code to run bound to none.",
+						   GetUserNameFromId(binding_caller, false)),
+				 errhint("The extension's roles own nothing: ALTER FUNCTION ... OWNER TO (or ALTER TABLE) the role of the service the code belongs to.")));
 	if (binding_caller_conflict)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
@@ -791,26 +823,33 @@ typedef struct IdemOwnerScope
 	Oid			save_userid;
 	int			save_sec_context;
 	int			save_nestlevel;
-	Oid			save_caller;
-	Oid			save_owner;
+	int			save_depth;
 } IdemOwnerScope;
 
-/*
- * An error unwinds the entry points without idem_owner_leave: forget the
- * caller at the end of the transaction.  (Within it, after an error caught
- * in a subtransaction, binding_calling_user takes the caller only while
- * the current user is the owner the entry point switched to.)
- */
-static bool owner_scope_callback_registered = false;
+static bool owner_scope_callbacks_registered = false;
 
 static void
 owner_scope_xact_callback(XactEvent event, void *arg)
 {
 	(void) arg;
-	if (event != XACT_EVENT_ABORT && event != XACT_EVENT_PARALLEL_ABORT)
+	if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT)
+		owner_scope_depth = 0;
+}
+
+static void
+owner_scope_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+							 SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+
+	(void) mySubid;
+	(void) parentSubid;
+	(void) arg;
+	if (event != SUBXACT_EVENT_ABORT_SUB)
 		return;
-	owner_scope_caller = InvalidOid;
-	owner_scope_owner = InvalidOid;
+	while (owner_scope_depth > 0 &&
+		   owner_scope_frames[owner_scope_depth - 1].nest_level >= level)
+		owner_scope_depth--;
 }
 
 /*
@@ -831,16 +870,27 @@ idem_owner_enter(FunctionCallInfo fcinfo, IdemOwnerScope *scope)
 	owner = function_owner(fcinfo->flinfo->fn_oid);
 
 	GetUserIdAndSecContext(&scope->save_userid, &scope->save_sec_context);
-	if (!owner_scope_callback_registered)
+	if (!owner_scope_callbacks_registered)
 	{
 		RegisterXactCallback(owner_scope_xact_callback, NULL);
-		owner_scope_callback_registered = true;
+		RegisterSubXactCallback(owner_scope_subxact_callback, NULL);
+		owner_scope_callbacks_registered = true;
 	}
 	/* the role whose tenant binding the call is held to (binding_load) */
-	scope->save_caller = owner_scope_caller;
-	scope->save_owner = owner_scope_owner;
-	owner_scope_caller = binding_calling_user();
-	owner_scope_owner = owner;
+	if (owner_scope_depth == owner_scope_size)
+	{
+		int			size = Max(8, owner_scope_size * 2);
+
+		owner_scope_frames = owner_scope_frames == NULL ?
+			MemoryContextAlloc(TopMemoryContext, size * sizeof(OwnerScopeFrame)) :
+			repalloc(owner_scope_frames, size * sizeof(OwnerScopeFrame));
+		owner_scope_size = size;
+	}
+	owner_scope_frames[owner_scope_depth].caller = binding_calling_user();
+	owner_scope_frames[owner_scope_depth].owner = owner;
+	owner_scope_frames[owner_scope_depth].nest_level = GetCurrentTransactionNestLevel();
+	scope->save_depth = owner_scope_depth;
+	owner_scope_depth++;
 	SetUserIdAndSecContext(owner,
 						   scope->save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
 	scope->save_nestlevel = idem_pin_search_path();
@@ -851,8 +901,7 @@ idem_owner_leave(IdemOwnerScope *scope)
 {
 	idem_unpin_search_path(scope->save_nestlevel);
 	SetUserIdAndSecContext(scope->save_userid, scope->save_sec_context);
-	owner_scope_caller = scope->save_caller;
-	owner_scope_owner = scope->save_owner;
+	owner_scope_depth = scope->save_depth;
 }
 
 /* "body"(fcinfo) between idem_owner_enter and idem_owner_leave. */

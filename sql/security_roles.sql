@@ -164,8 +164,34 @@ SELECT tenant_id, idem_key FROM idempotency.keys WHERE idem_key = 'code-1';
 -- ANALYZE runs it as sec_bound
 INSERT INTO sec_code.t SELECT generate_series(1, 10);
 ANALYZE sec_code.t;
+-- an error caught in sec_bound's code leaves nothing of its binding behind
+SET ROLE sec_bound;
+CREATE FUNCTION sec_code.catch() RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_catalog
+AS $$
+BEGIN
+    PERFORM idem_complete('acme', 'orders', 'no-such-key', 200, '{}');
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE;
+END $$;
+RESET ROLE;
+SELECT sec_code.catch();
+SELECT outcome FROM idem_reserve('globex', 'orders', 'after-catch', '{}');
+BEGIN;
+SELECT sec_code.catch();
+SELECT outcome FROM idem_reserve('globex', 'orders', 'after-catch-2', '{}');
+COMMIT;
+-- code given to idempotency_app (of which every bound service is a member)
+-- runs bound to no tenant in another login: a call made with its rights is
+-- refused
+ALTER FUNCTION sec_code.reserve(text) OWNER TO idempotency_app;
+SET ROLE sec_app;
+SELECT sec_code.reserve('globex');
+RESET ROLE;
 -- a call made by a role bound to another tenant than the session's: neither
 SELECT idem_bind_tenant('sec_other', 'globex');
+ALTER FUNCTION sec_code.reserve(text) OWNER TO sec_bound;
 SET ROLE sec_other;
 SELECT sec_code.reserve('globex');
 SELECT sec_code.reserve('acme');
