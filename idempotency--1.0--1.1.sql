@@ -1493,6 +1493,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     fn pg_catalog.regprocedure;
+    last_id pg_catalog.int8;
+    failed pg_catalog.text;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension
                     WHERE extname OPERATOR(pg_catalog.=) 'citus') THEN
@@ -1528,8 +1530,32 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
                     WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.outbox'::pg_catalog.regclass) THEN
+        -- each node draws outbox ids from a sequence of its own, which
+        -- starts at 1 on a worker: move every worker's past the ids of the
+        -- rows enqueued here before, which the shards take with them, or
+        -- an enqueue would collide with them (23505) and ids would go back.
+        -- The command carries one number, which this function computed.
+        SELECT pg_catalog.max(o.id) INTO last_id FROM idempotency.outbox o;
         PERFORM pg_catalog.create_distributed_table('idempotency.outbox', 'tenant_id',
                                                     colocate_with => 'idempotency.keys');
+        IF last_id IS NOT NULL THEN
+            SELECT pg_catalog.string_agg(w.nodename OPERATOR(pg_catalog.||) ':'
+                                         OPERATOR(pg_catalog.||) w.nodeport::pg_catalog.text
+                                         OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) w.result, ', ')
+              INTO failed
+              FROM pg_catalog.run_command_on_workers(pg_catalog.format(
+                       'SELECT pg_catalog.setval(''idempotency.outbox_id_seq'', GREATEST(%s::pg_catalog.int8, '
+                       '(SELECT s.last_value FROM idempotency.outbox_id_seq s)))', last_id)) w
+             WHERE NOT w.success;
+            IF failed IS NOT NULL THEN
+                RAISE EXCEPTION 'could not move the outbox id sequence of every worker past %', last_id
+                    USING ERRCODE = 'object_not_in_prerequisite_state',
+                          DETAIL = failed,
+                          HINT = 'Run SELECT setval(''idempotency.outbox_id_seq'', ' OPERATOR(pg_catalog.||)
+                                 last_id::pg_catalog.text OPERATOR(pg_catalog.||)
+                                 ') on the workers named, then idem_citus_distribute() again.';
+            END IF;
+        END IF;
     END IF;
 
     -- the extension's functions whose first argument is the tenant

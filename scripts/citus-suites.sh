@@ -45,7 +45,19 @@ token() {
 
 suite_distribute() {
     q "$PC" -c "CREATE EXTENSION idempotency" || { fail "CREATE EXTENSION idempotency"; return; }
+    # outbox rows enqueued before the tables are distributed: their ids
+    # stay theirs, and the workers' sequences go past them
+    q "$PC" -c "SELECT outbox_enqueue('pre' || g, 'pre.topic', '{}') FROM generate_series(1, 5) g" >/dev/null ||
+        fail "enqueue before distributing"
     q "$PC" -c "SELECT idem_citus_distribute()" >/dev/null || { fail "idem_citus_distribute()"; return; }
+    local pre
+    # (each call a statement of its own, which Citus delegates)
+    pre=$(for i in 1 2 3 4 5; do echo "SELECT outbox_enqueue('pre$i', 'pre.topic', '{}');"; done | q "$PC" 2>&1)
+    [ "$(echo "$pre" | awk '$1 > 5' | wc -l)" = 5 ] ||
+        fail "enqueue after distributing rows enqueued before: $pre"
+    pre=$(q "$PC" -c "SELECT count(*) || ' ' || count(DISTINCT (tenant_id, id)) FROM idempotency.outbox WHERE topic = 'pre.topic'")
+    [ "$pre" = "10 10" ] || fail "outbox rows before and after distributing: $pre"
+    q "$PC" -c "DELETE FROM idempotency.outbox WHERE topic = 'pre.topic'" >/dev/null
     # running it again finishes what is missing: nothing
     q "$PC" -c "SELECT idem_citus_distribute()" >/dev/null || fail "idem_citus_distribute() a second time"
     local err
