@@ -685,6 +685,38 @@ acked" ] || fail "keys, then an ack through one coordinator session: $got"
     got=$(q "$PC" -c "SELECT string_agg(status::text, ',') FROM idempotency.outbox WHERE tenant_id = 'mix'")
     [ "$got" = "done,done" ] || fail "mix's outbox rows: $got"
     echo "  keys, claims and acks in one session: on the worker and through the coordinator"
+
+    # the limits README states: Citus refuses PREPARE TRANSACTION after a
+    # delegated call, and a trigger's enqueue on a write sent through the
+    # coordinator (nothing is written)
+    got=$(q "$PC" 2>&1 <<'SQL'
+BEGIN;
+SELECT outcome FROM idem_reserve('mix', 'charge', 'm-prep', '{}');
+PREPARE TRANSACTION 'idem_citus_prep';
+SQL
+)
+    case $got in
+        *"cannot use 2PC in transactions involving multiple servers"*) ;;
+        *) fail "PREPARE TRANSACTION after a delegated call: $got" ;;
+    esac
+    got=$(q "$PC" 2>&1 <<'SQL'
+CREATE TABLE trig_orders (tenant_id text COLLATE "C" NOT NULL, id int NOT NULL);
+SELECT create_distributed_table('trig_orders', 'tenant_id', colocate_with => 'idempotency.keys');
+CREATE FUNCTION trig_orders_out() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM outbox_enqueue(new.tenant_id, 'trig', '{}'); RETURN new; END $$;
+SET citus.enable_unsafe_triggers = on;
+CREATE TRIGGER trig_orders_out AFTER INSERT ON trig_orders FOR EACH ROW EXECUTE FUNCTION trig_orders_out();
+INSERT INTO trig_orders VALUES ('mix', 1);
+SQL
+)
+    case $got in
+        *"forced function pushdown"*) ;;
+        *) fail "a trigger's enqueue through the coordinator: $got" ;;
+    esac
+    got=$(q "$PC" -c "SELECT (SELECT count(*) FROM trig_orders) + (SELECT count(*) FROM idempotency.outbox WHERE topic = 'trig')
+                        + (SELECT count(*) FROM idempotency.keys WHERE idem_key = 'm-prep')")
+    [ "$got" = 0 ] || fail "rows left by the refused PREPARE and trigger: $got"
+    q "$PC" -c "DROP TABLE trig_orders; DROP FUNCTION trig_orders_out()" >/dev/null
 }
 
 suite_maintenance() {
