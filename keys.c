@@ -313,6 +313,9 @@ typedef struct HeldKey
 	struct HeldUndo *undo;
 } HeldKey;
 
+/* see keys_pending_row_plain */
+static int	keys_pending_plain = -1;
+
 /*
  * The state of a HeldKey before subtransaction "subid" first changed it.
  * Subtransaction IDs grow in start order, and while a subtransaction runs
@@ -451,6 +454,8 @@ keys_relcache_callback(Datum arg, Oid relid)
 	 * and the reservation type: when any of them changes, look everything
 	 * up again.
 	 */
+	if (relid == InvalidOid || relid == keys_relid)
+		keys_pending_plain = -1;
 	if (relid == InvalidOid || relid == scopes_relid || relid == keys_relid ||
 		relid == keys_pkey_relid || relid == reservation_relid)
 	{
@@ -596,6 +601,8 @@ keys_ensure_cache(void)
 		scope_cache = hash_create("idempotency scope policies", 64, &ctl,
 								  HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
 
+		/* the table may be another one: its plainness is looked at anew */
+		keys_pending_plain = -1;
 		if (keys_inval_count == start)
 			keys_cache_valid = true;
 
@@ -941,6 +948,7 @@ idem_lock_wait(const LOCKTAG *tag)
  * ----------------------------------------------------------------
  */
 
+static bool held_flushing = false;	/* held_flush_all is walking the keys */
 static void held_flush_all(void);
 static bool held_flush_key(KeyIdent *id);
 static HeldKey *held_find(KeyIdent *id);
@@ -962,6 +970,7 @@ held_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 			/* the memory goes with TopTransactionContext */
 			held_keys = NULL;
+			held_flushing = false;
 			break;
 		default:
 			break;
@@ -1637,14 +1646,18 @@ reserve_insert(Datum *values)
  * caller inserts through SPI.  The unique index is checked as any insert
  * checks it; the caller holds the key's lock and has found no row.
  */
+/*
+ * Open the keys table and, when it is plain for a row whose null columns
+ * are "colnulls" (see keys_insert_row), its indexes: returns whether it
+ * is, and the indexes opened in *rels (none when it is not).  The caller
+ * closes them and the table.
+ */
 static bool
-keys_insert_row(Datum *colvalues, bool *colnulls)
+keys_open_plain(LOCKMODE lockmode, bool *colnulls, Relation *heap_out,
+				Relation **rels_out, int *nindexes_out)
 {
 	Relation	heap;
 	TupleDesc	desc;
-	Datum	   *values = NULL;
-	bool	   *nulls = NULL;
-	HeapTuple	tuple = NULL;
 	List	   *indexes;
 	ListCell   *lc;
 	Relation   *rels;
@@ -1653,9 +1666,10 @@ keys_insert_row(Datum *colvalues, bool *colnulls)
 	int			natts = 0;
 	int			i;
 
-	if (idem_citus_distributed())
-		return false;
-	heap = table_open(keys_relid, RowExclusiveLock);
+	heap = table_open(keys_relid, lockmode);
+	*heap_out = heap;
+	*rels_out = NULL;
+	*nindexes_out = 0;
 	desc = RelationGetDescr(heap);
 	for (i = 0; i < desc->natts; i++)
 		if (!TupleDescAttr(desc, i)->attisdropped)
@@ -1669,17 +1683,14 @@ keys_insert_row(Datum *colvalues, bool *colnulls)
 		heap->rd_rules != NULL ||
 		(desc->constr != NULL &&
 		 (desc->constr->num_check > 0 || desc->constr->has_generated_stored)))
-	{
-		table_close(heap, NoLock);
 		return false;
-	}
 	indexes = RelationGetIndexList(heap);
 	nindexes = list_length(indexes);
 	rels = palloc(nindexes * sizeof(Relation));
 	i = 0;
 	foreach(lc, indexes)
 	{
-		Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
+		Relation	index = index_open(lfirst_oid(lc), lockmode);
 		Form_pg_index ix = index->rd_index;
 
 		rels[i++] = index;
@@ -1689,6 +1700,8 @@ keys_insert_row(Datum *colvalues, bool *colnulls)
 			plain = false;
 	}
 	list_free(indexes);
+	*rels_out = rels;
+	*nindexes_out = nindexes;
 	/*
 	 * A NOT NULL or a default added to a column the row leaves null: the
 	 * INSERT refuses the null or applies the default
@@ -1698,6 +1711,26 @@ keys_insert_row(Datum *colvalues, bool *colnulls)
 			(TupleDescAttr(desc, keys_attnum[i] - 1)->attnotnull ||
 			 TupleDescAttr(desc, keys_attnum[i] - 1)->atthasdef))
 			plain = false;
+	return plain;
+}
+
+static bool
+keys_insert_row(Datum *colvalues, bool *colnulls)
+{
+	Relation	heap;
+	TupleDesc	desc;
+	Datum	   *values = NULL;
+	bool	   *nulls = NULL;
+	HeapTuple	tuple = NULL;
+	Relation   *rels;
+	int			nindexes;
+	bool		plain;
+	int			i;
+
+	if (idem_citus_distributed())
+		return false;
+	plain = keys_open_plain(RowExclusiveLock, colnulls, &heap, &rels, &nindexes);
+	desc = RelationGetDescr(heap);
 	if (plain)
 	{
 		values = palloc0(desc->natts * sizeof(Datum));
@@ -1744,33 +1777,48 @@ keys_insert_row(Datum *colvalues, bool *colnulls)
 }
 
 /*
- * Whether a trigger on the keys table may be deferred (a DEFERRABLE foreign
- * key or unique constraint, a constraint trigger).  Deferred triggers fire
- * at commit before the pending reservations are written, and may not fire
- * from that write (a security-restricted operation): with one, a new key's
- * row is written when it is reserved, and the trigger fires at commit.
+ * Whether a pending reservation's row would be inserted directly into the
+ * keys table (keys_insert_row), cached until the table's next relcache
+ * invalidation: -1 not known.  When it would not (a trigger, a rule, a
+ * deferrable constraint, a CHECK ... that a DBA added), a new key's row is
+ * written when it is reserved, as an ordinary INSERT in the reserving
+ * statement: written at commit, it would run their code after the
+ * transaction's deferred triggers and cursors are done with, in a
+ * security-restricted operation (a deferred trigger may not fire there,
+ * a cursor opened there would outlive the transaction's resources).
  */
-static bool
-keys_has_deferred_trigger(void)
-{
-	Relation	rel = RelationIdGetRelation(keys_relid);
-	bool		found = false;
+static void held_row(HeldKey *entry, Datum *values, bool *nulls);
 
-	if (!RelationIsValid(rel))
-		return false;
-	for (int i = 0; rel->trigdesc != NULL && i < rel->trigdesc->numtriggers; i++)
-		if (rel->trigdesc->triggers[i].tgdeferrable)
-			found = true;
-	RelationClose(rel);
-	return found;
+static bool
+keys_pending_row_plain(void)
+{
+	if (keys_pending_plain < 0)
+	{
+		HeldKey		dummy;
+		Datum		cols[KEYS_ATT_COUNT];
+		bool		colnulls[KEYS_ATT_COUNT];
+		Relation	heap;
+		Relation   *rels;
+		int			nindexes;
+		bool		plain;
+
+		memset(&dummy, 0, sizeof(dummy));
+		held_row(&dummy, cols, colnulls);
+		plain = keys_open_plain(AccessShareLock, colnulls, &heap, &rels, &nindexes);
+		for (int n = 0; n < nindexes; n++)
+			index_close(rels[n], NoLock);
+		table_close(heap, NoLock);
+		keys_pending_plain = plain ? 1 : 0;
+	}
+	return keys_pending_plain == 1;
 }
 
 /*
  * Keep a new reservation pending (HeldKey); "values" are reserve_insert's.
  * Returns false, recording nothing, when it must be inserted now: where
  * the insert must fail now (a read-only transaction, a standby), on Citus
- * (the shard's write belongs to the statement), with a deferred trigger on
- * the table (keys_has_deferred_trigger), and for a key this transaction
+ * (the shard's write belongs to the statement), when the row would not be
+ * inserted directly (keys_pending_row_plain), and for a key this transaction
  * already held in any way.
  */
 static bool
@@ -1781,7 +1829,13 @@ held_defer(KeyIdent *id, Datum *values)
 	bool		found;
 	int			i;
 
-	if (XactReadOnly || RecoveryInProgress() || idem_citus_distributed())
+	/*
+	 * Nor while the pending rows are written at commit (code a trigger
+	 * added later in the transaction runs may reserve a key): a key
+	 * entered during the walk might not be visited.
+	 */
+	if (XactReadOnly || RecoveryInProgress() || idem_citus_distributed() ||
+		held_flushing)
 		return false;
 
 	/*
@@ -1790,7 +1844,7 @@ held_defer(KeyIdent *id, Datum *values)
 	 * this transaction rather than holding the table when the row comes.
 	 */
 	LockRelationOid(keys_relid, RowExclusiveLock);
-	if (keys_has_deferred_trigger())
+	if (!keys_pending_row_plain())
 		return false;
 	entry = held_enter(id, &found);
 	if (found)
@@ -1910,6 +1964,7 @@ held_flush_all(void)
 		return;
 	}
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	held_flushing = true;
 	hash_seq_init(&status, held_keys);
 	while ((entry = (HeldKey *) hash_seq_search(&status)) != NULL)
 	{
@@ -1934,6 +1989,7 @@ held_flush_all(void)
 		held_flush(entry);
 		SetUserIdAndSecContext(save_userid, save_sec_context);
 	}
+	held_flushing = false;
 	if (connected)
 	{
 		SPI_finish();

@@ -198,6 +198,60 @@ COMMIT;
 SELECT outcome FROM idem_reserve('wo_a', 'orders', 'trig-2', '{"amount": 17}'::jsonb);
 SELECT * FROM wo_audit ORDER BY 1;
 DROP TRIGGER wo_audit ON idempotency.keys;
+-- with a trigger, a new key's row is written in the statement that
+-- reserves it, where the trigger's code runs as in any statement: written
+-- at commit, a cursor the trigger left open outlived the transaction's
+-- resources (warnings, then XX000 at the next statement), a deferred
+-- constraint the trigger queued could not fire (42501), and a key the
+-- trigger reserved could be lost
+CREATE FUNCTION wo_cursor() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE c refcursor;
+BEGIN
+    OPEN c FOR SELECT * FROM public.wo_audit;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER wo_cursor AFTER INSERT ON idempotency.keys
+    FOR EACH ROW EXECUTE FUNCTION wo_cursor();
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'cur-1', '{}'::jsonb);
+COMMIT;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'cur-2', '{}'::jsonb);
+SELECT 1 AS next_statement;
+DROP TRIGGER wo_cursor ON idempotency.keys;
+CREATE TABLE wo_tenants (id text PRIMARY KEY);
+INSERT INTO wo_tenants VALUES ('wo_a');
+CREATE TABLE wo_deferred (tenant text REFERENCES wo_tenants DEFERRABLE INITIALLY DEFERRED,
+                          idem_key text);
+CREATE FUNCTION wo_deferred() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.wo_deferred VALUES (NEW.tenant_id, NEW.idem_key);
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER wo_deferred AFTER INSERT ON idempotency.keys
+    FOR EACH ROW EXECUTE FUNCTION wo_deferred();
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'def-fk-1', '{}'::jsonb);
+SELECT * FROM wo_deferred;
+DROP TRIGGER wo_deferred ON idempotency.keys;
+CREATE FUNCTION wo_more() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM public.idem_reserve(NEW.tenant_id, NEW.scope, 'x' || NEW.idem_key, '{}'::jsonb);
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER wo_more AFTER INSERT ON idempotency.keys
+    FOR EACH ROW WHEN (NEW.idem_key LIKE 'more-%') EXECUTE FUNCTION wo_more();
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'more-1', '{}'::jsonb);
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'more-2', '{}'::jsonb);
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'more-3', '{}'::jsonb);
+COMMIT;
+SELECT string_agg(idem_key, ',' ORDER BY idem_key) AS written
+  FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key LIKE '%more-%';
+DROP TRIGGER wo_more ON idempotency.keys;
+DROP FUNCTION wo_cursor(), wo_deferred(), wo_more();
+DROP TABLE wo_deferred, wo_tenants;
 -- a rule likewise (the direct insert did not run it)
 CREATE RULE wo_audit_rule AS ON INSERT TO idempotency.keys
     WHERE NEW.tenant_id = 'wo_a'
@@ -237,16 +291,16 @@ SELECT outcome FROM idem_reserve('wo_a', 'orders', 'check-1', '{"amount": 18}'::
 SELECT pg_temp.sqlstate($$SELECT idem_complete('wo_a', 'orders', 'check-1', 418, '{}')$$);
 ROLLBACK;
 ALTER TABLE idempotency.keys DROP CONSTRAINT wo_no_teapot;
--- a NOT NULL on a column a new key leaves null: refused (23502), in
--- autocommit and at completion, nothing written
+-- a NOT NULL on a column a new key leaves null: refused (23502) by the
+-- reservation itself, which writes the row then, in autocommit and in a
+-- transaction; nothing written
 UPDATE idempotency.keys SET recovery_point = '' WHERE recovery_point IS NULL;
 ALTER TABLE idempotency.keys ALTER COLUMN recovery_point SET NOT NULL;
 \set VERBOSITY terse
 SELECT outcome FROM idem_reserve('wo_a', 'orders', 'nn-1', '{"amount": 25}'::jsonb);
 \set VERBOSITY default
 BEGIN;
-SELECT outcome FROM idem_reserve('wo_a', 'orders', 'nn-2', '{"amount": 26}'::jsonb);
-SELECT pg_temp.sqlstate($$SELECT idem_complete('wo_a', 'orders', 'nn-2', 201, '{}')$$);
+SELECT pg_temp.sqlstate($$SELECT idem_reserve('wo_a', 'orders', 'nn-2', '{"amount": 26}'::jsonb)$$);
 ROLLBACK;
 SELECT count(*) AS nn_rows FROM idempotency.keys WHERE idem_key LIKE 'nn-%';
 ALTER TABLE idempotency.keys ALTER COLUMN recovery_point DROP NOT NULL;
