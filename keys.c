@@ -949,6 +949,7 @@ idem_lock_wait(const LOCKTAG *tag)
  */
 
 static bool held_flushing = false;	/* held_flush_all is walking the keys */
+static void held_free_undo(HeldUndo *u, HeldUndo *stop);
 static void held_flush_all(void);
 static bool held_flush_key(KeyIdent *id);
 static HeldKey *held_find(KeyIdent *id);
@@ -997,7 +998,21 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	while ((entry = (HeldKey *) hash_seq_search(&status)) != NULL)
 	{
 		if (entry->subid >= mySubid)
+		{
+			/*
+			 * What the entry holds goes with it: a loop of reservations
+			 * rolled back to savepoints would grow the transaction.
+			 */
+			held_free_undo(entry->undo, NULL);
+			for (int i = 0; i < 3; i++)
+				if (entry->ident[i] != (Datum) 0)
+					pfree(DatumGetPointer(entry->ident[i]));
+			if (entry->fingerprint != NULL)
+				pfree(entry->fingerprint);
+			if (entry->scope != NULL)
+				pfree(entry->scope);
 			(void) hash_search(held_keys, &entry->hash, HASH_REMOVE, NULL);
+		}
 		else
 		{
 			HeldUndo   *u = entry->undo;
@@ -1019,8 +1034,22 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 				entry->released = oldest->released;
 				entry->token = oldest->token;
 			}
+			held_free_undo(entry->undo, u);
 			entry->undo = u;
 		}
+	}
+}
+
+/* Free the undo records from "u" up to "stop" (not included). */
+static void
+held_free_undo(HeldUndo *u, HeldUndo *stop)
+{
+	while (u != NULL && u != stop)
+	{
+		HeldUndo   *next = u->next;
+
+		pfree(u);
+		u = next;
 	}
 }
 
@@ -1091,6 +1120,7 @@ held_enter(KeyIdent *id, bool *found)
 		entry->subid = GetCurrentSubTransactionId();
 		entry->scope = MemoryContextStrdup(TopTransactionContext, id->scope);
 		entry->pending = false;
+		entry->ident[0] = entry->ident[1] = entry->ident[2] = (Datum) 0;
 		entry->fingerprint = NULL;
 		entry->undo = NULL;
 		entry->released = false;

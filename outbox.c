@@ -1506,16 +1506,34 @@ outbox_subxact_callback(SubXactEvent event,
 	}
 	else if (event == SUBXACT_EVENT_ABORT_SUB)
 	{
-		MemoryContext oldcontext = MemoryContextSwitchTo(TopTransactionContext);
+		MemoryContext oldcontext;
+		bool		dropped = false;
 
+		/* most aborts drop nothing queued: leave the list as it is */
+		foreach(lc, outbox_pending_notifies)
+		{
+			OutboxPendingNotify *p = lfirst(lc);
+
+			if (p->nestlevel >= level)
+				dropped = true;
+		}
+		if (!dropped)
+			return;
+		oldcontext = MemoryContextSwitchTo(TopTransactionContext);
 		foreach(lc, outbox_pending_notifies)
 		{
 			OutboxPendingNotify *p = lfirst(lc);
 
 			if (p->nestlevel < level)
 				kept = lappend(kept, p);
+			else
+			{
+				pfree(p->topic);
+				pfree(p);
+			}
 		}
 		MemoryContextSwitchTo(oldcontext);
+		list_free(outbox_pending_notifies);
 		outbox_pending_notifies = kept;
 	}
 }

@@ -293,5 +293,43 @@ SELECT idem_resolve('kr_a', 'kr_exp', 'e-3', 201, '{"charge": "ch_3"}');
 SELECT idem_reap() >= 0 AS reap_ran;
 SELECT outcome, response_body FROM idem_reserve('kr_a', 'kr_exp', 'e-3', fingerprint => sha256('e'));
 
+-- a long transaction that reserves keys and rolls each back to a
+-- savepoint, or rolls back subtransactions while topics wait for their
+-- NOTIFY, keeps no memory for what it rolled back (about 190 bytes a key,
+-- and a copy of the topics per abort, before)
+CREATE FUNCTION pg_temp.xact_bytes() RETURNS bigint LANGUAGE sql AS $$
+    SELECT sum(used_bytes)::bigint FROM pg_backend_memory_contexts
+     WHERE name = 'TopTransactionContext' $$;
+CREATE FUNCTION pg_temp.rolled_back_reserves(n int) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 1..n LOOP
+        BEGIN
+            PERFORM idem_reserve('kr_a', 'kr_mem', 'm-' || i, '{"a": 1}'::jsonb);
+            RAISE SQLSTATE 'P0001';
+        EXCEPTION WHEN raise_exception THEN NULL;
+        END;
+    END LOOP;
+END $$;
+CREATE FUNCTION pg_temp.aborted_subxacts(n int) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 1..n LOOP
+        BEGIN
+            PERFORM 1 / 0;
+        EXCEPTION WHEN division_by_zero THEN NULL;
+        END;
+    END LOOP;
+END $$;
+BEGIN;
+SELECT pg_temp.rolled_back_reserves(200);
+SELECT pg_temp.xact_bytes() AS before \gset
+SELECT pg_temp.rolled_back_reserves(3000);
+SELECT pg_temp.xact_bytes() - :before < 65536 AS reserves_rolled_back_keep_no_memory;
+SELECT count(outbox_enqueue('kr_a', 'kr-topic-' || g, '{}')) FROM generate_series(1, 20) g;
+SELECT pg_temp.aborted_subxacts(200);
+SELECT pg_temp.xact_bytes() AS before \gset
+SELECT pg_temp.aborted_subxacts(3000);
+SELECT pg_temp.xact_bytes() - :before < 65536 AS aborts_keep_no_memory;
+ROLLBACK;
+
 DELETE FROM idempotency.keys WHERE tenant_id = 'kr_a';
 DELETE FROM idempotency.scopes WHERE scope LIKE 'kr\_%';
