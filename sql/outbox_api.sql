@@ -151,6 +151,10 @@ SELECT topic, count(*) FROM outbox_claim('w', 2, '1 minute', topics => '{obx.urg
 -- older due rows of the other tenants
 SELECT count(outbox_enqueue('obx_q', 'obx.quiet', jsonb_build_object('n', g)))
   FROM generate_series(1, 4) g;
+-- due a millisecond apart, in the order of n (see the claim order above)
+UPDATE idempotency.outbox
+   SET available_at = now() - (10 - (payload->>'n')::int) * interval '1 millisecond'
+ WHERE tenant_id = 'obx_q';
 INSERT INTO idempotency.outbox (tenant_id, topic, payload, max_attempts, available_at)
 SELECT 'obx_t' || g % 20, 'obx.other', '{}', 5, now() + interval '1 hour'
   FROM generate_series(1, 200) g;
