@@ -457,6 +457,11 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'Pass how long to rest between batches, such as ''20 milliseconds'', or ''0''.';
     END IF;
+    IF batch_pause OPERATOR(pg_catalog.>) '1000 years'::pg_catalog.interval THEN
+        RAISE EXCEPTION 'batch_pause must be at most 1000 years'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass how long to rest between batches, such as ''20 milliseconds'', or ''0''.';
+    END IF;
     IF batch_pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
        OR pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) batch_pause
           OPERATOR(pg_catalog.<) pg_catalog.statement_timestamp() THEN

@@ -554,12 +554,35 @@ idem_check_interval(Interval *iv, const char *name, bool zero_ok,
 				 zero_ok ? errmsg("%s must not be negative", name) :
 				 errmsg("%s must be positive", name),
 				 errhint("%s", hint)));
+	bound.month = IDEM_MAX_INTERVAL_YEARS * MONTHS_PER_YEAR;
+	if (DatumGetInt32(DirectFunctionCall2(interval_cmp,
+										  IntervalPGetDatum(iv),
+										  IntervalPGetDatum(&bound))) > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be at most %d years", name,
+						IDEM_MAX_INTERVAL_YEARS),
+				 errhint("%s", hint)));
 	if ((iv->month < 0 || iv->day < 0 || iv->time < 0) &&
 		(iv->month > 0 || iv->day > 0 || iv->time > 0))
 	{
 		TimestampTz now = GetCurrentStatementStartTimestamp();
 		TimestampTz later;
 		TimestampTz earlier;
+		int32		max_months = IDEM_MAX_INTERVAL_YEARS * MONTHS_PER_YEAR;
+		int32		max_days = IDEM_MAX_INTERVAL_YEARS * 366;
+		int64		max_time = (int64) max_days * USECS_PER_DAY;
+
+		/* each part within the bound too, so that the sums below fit */
+		if (iv->month > max_months || iv->month < -max_months ||
+			iv->day > max_days || iv->day < -max_days ||
+			iv->time > max_time || iv->time < -max_time)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s must be at most %d years", name,
+							IDEM_MAX_INTERVAL_YEARS),
+					 errdetail("Its months, days and time have different signs, and one of them alone is longer."),
+					 errhint("%s", hint)));
 
 		later = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
 														TimestampTzGetDatum(now),
@@ -577,15 +600,6 @@ idem_check_interval(Interval *iv, const char *name, bool zero_ok,
 							   zero_ok ? "negative" : "negative or zero"),
 					 errhint("%s", hint)));
 	}
-	bound.month = IDEM_MAX_INTERVAL_YEARS * MONTHS_PER_YEAR;
-	if (DatumGetInt32(DirectFunctionCall2(interval_cmp,
-										  IntervalPGetDatum(iv),
-										  IntervalPGetDatum(&bound))) > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must be at most %d years", name,
-						IDEM_MAX_INTERVAL_YEARS),
-				 errhint("%s", hint)));
 }
 
 /*

@@ -2002,6 +2002,31 @@ held_flush_all(void)
 			continue;
 		if (!connected)
 		{
+			Relation	rel = RelationIdGetRelation(held_relid);
+			bool		runs_code = RelationIsValid(rel) &&
+				(rel->trigdesc != NULL || rel->rd_rules != NULL);
+
+			if (RelationIsValid(rel))
+				RelationClose(rel);
+
+			/*
+			 * A trigger or rule added in this transaction after the key was
+			 * reserved (keys_pending_row_plain keeps new keys from waiting
+			 * when there is one): it cannot run here, after the
+			 * transaction's cursors and deferred triggers are done with.
+			 */
+			if (runs_code)
+			{
+				hash_seq_term(&status);
+				held_flushing = false;
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("a trigger or rule was added to idempotency.keys in the transaction that reserved idempotency key \"%s\"",
+								TextDatumGetCString(entry->ident[2])),
+						 errdetail("The key's row is written as the transaction commits, where a trigger or rule cannot run."),
+						 errhint("Add triggers and rules to idempotency.keys in a transaction of their own; keys reserved after it commits are written when they are reserved.")));
+			}
+
 			/*
 			 * As the key functions run: with their search_path, in a
 			 * snapshot of ours (the portals are closed).  An error aborts

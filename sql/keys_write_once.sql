@@ -250,6 +250,18 @@ COMMIT;
 SELECT string_agg(idem_key, ',' ORDER BY idem_key) AS written
   FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key LIKE '%more-%';
 DROP TRIGGER wo_more ON idempotency.keys;
+-- a trigger added in the transaction that reserved a key, after the
+-- reservation: the commit, which writes the key's row, refuses it (55000)
+-- rather than run it there; nothing is kept
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'late-trig-1', '{}'::jsonb);
+CREATE TRIGGER wo_cursor AFTER INSERT ON idempotency.keys
+    FOR EACH ROW EXECUTE FUNCTION wo_cursor();
+COMMIT;
+SELECT 1 AS next_statement;
+SELECT count(*) AS late_rows FROM idempotency.keys WHERE idem_key = 'late-trig-1';
+SELECT count(*) AS late_triggers FROM pg_trigger
+ WHERE tgrelid = 'idempotency.keys'::regclass AND tgname = 'wo_cursor';
 DROP FUNCTION wo_cursor(), wo_deferred(), wo_more();
 DROP TABLE wo_deferred, wo_tenants;
 -- a rule likewise (the direct insert did not run it)

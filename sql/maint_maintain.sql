@@ -243,6 +243,8 @@ DROP ROLE maint_ops;
 CALL idem_maintain('-1 year 360 days 1 hour');
 CALL idem_maintain('1 second', 10, '-1 year 360 days 1 hour');
 CALL idem_maintain('300000 years');
+CALL idem_maintain('1 second', 10, '300000 years');
+SELECT idem_sweep('300000 years -1 day');
 SELECT idem_sweep('-1 year 360 days 1 hour');
 -- a schedule that cannot be one is shown cut in the error
 SELECT idem_schedule_maintenance(repeat('x', 100000));

@@ -214,6 +214,10 @@ SELECT count(*) FROM outbox_claim('w', 1, '-1 year 360 days 1 hour');
 SELECT outbox_extend('obx_mixed', 1, gen_random_uuid(), '-1 year 360 days 1 hour');
 SELECT outbox_nack('obx_mixed', 1, gen_random_uuid(), 'HTTP 503', '-1 year 360 days 1 hour');
 SELECT * FROM outbox_nack_many('obx_mixed', '{1}', ARRAY[gen_random_uuid()], 'HTTP 503', '-1 year 360 days 1 hour');
+-- ...and one whose parts are each too long for the bound is refused as
+-- over 1000 years (not with a bare "timestamp out of range")
+SELECT outbox_enqueue('obx_mixed', 'mixed.topic', '{}', deliver_after => '300000 years -1 day');
+SELECT count(*) FROM outbox_claim('w', 1, '300000 years -1 day');
 SELECT count(*) AS outbox_rows FROM idempotency.outbox WHERE tenant_id = 'obx_mixed';
 SELECT outbox_enqueue('obx_mixed', 'mixed.topic', '{}') AS mixed_id \gset
 SELECT lease_until > now() + interval '26 days' AS lease_ahead
