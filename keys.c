@@ -1664,19 +1664,6 @@ reserve_insert(Datum *values)
 }
 
 /*
- * Insert a row of idempotency.keys given by column (KeysAtt), without the
- * executor: the heap insert and one insert per index, as catalog rows are
- * written.  This is the one write of a new key, so its cost is the cost
- * of a request; an INSERT through SPI spends as much again starting the
- * executor.  Only for the table as the extension creates it, or with
- * more plain indexes: a column, trigger, rule, CHECK constraint, NOT NULL or
- * default on a column the row leaves null, row security
- * policy or an index with expressions, a predicate, an exclusion or a
- * deferred uniqueness that it does not know makes it return false, and the
- * caller inserts through SPI.  The unique index is checked as any insert
- * checks it; the caller holds the key's lock and has found no row.
- */
-/*
  * Open the keys table and, when it is plain for a row whose null columns
  * are "colnulls" (see keys_insert_row), its indexes: returns whether it
  * is, and the indexes opened in *rels (none when it is not).  The caller
@@ -1744,6 +1731,19 @@ keys_open_plain(LOCKMODE lockmode, bool *colnulls, Relation *heap_out,
 	return plain;
 }
 
+/*
+ * Insert a row of idempotency.keys given by column (KeysAtt), without the
+ * executor: the heap insert and one insert per index, as catalog rows are
+ * written.  This is the one write of a new key, so its cost is the cost
+ * of a request; an INSERT through SPI spends as much again starting the
+ * executor.  Only for the table as the extension creates it, or with
+ * more plain indexes: a column, trigger, rule, CHECK constraint, NOT NULL or
+ * default on a column the row leaves null, row security
+ * policy or an index with expressions, a predicate, an exclusion or a
+ * deferred uniqueness that it does not know makes it return false, and the
+ * caller inserts through SPI.  The unique index is checked as any insert
+ * checks it; the caller holds the key's lock and has found no row.
+ */
 static bool
 keys_insert_row(Datum *colvalues, bool *colnulls)
 {
