@@ -785,6 +785,7 @@ DECLARE
     p_rate float8;
     p_burst int;
     p_max_live int;
+    cur_rate float8;
     msg text;
     det text;
     hnt text;
@@ -975,6 +976,25 @@ BEGIN
         p_max_live := (v #>> '{}')::numeric::int;
     END IF;
 
+    -- a burst is the depth of the rate's bucket: alone it limits nothing,
+    -- and removing the rate removes it (below)
+    IF p_burst IS NOT NULL THEN
+        cur_rate := p_rate;
+        IF NOT options ? 'new_keys_per_second' THEN
+            SELECT s.new_keys_per_second INTO cur_rate
+              FROM idempotency.scopes AS s
+             WHERE s.scope = idem_configure_scope.scope;
+        END IF;
+        IF cur_rate IS NULL THEN
+            RAISE EXCEPTION 'scope option "new_keys_burst" needs a rate'
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = CASE WHEN options ? 'new_keys_per_second'
+                                    THEN pg_catalog.format('This call removes the rate of scope "%s" and sets a burst of %s.', scope, p_burst)
+                                    ELSE pg_catalog.format('Scope "%s" has no "new_keys_per_second": a burst of %s would limit nothing.', scope, p_burst) END,
+                      HINT = 'Pass "new_keys_per_second" with it, such as {"new_keys_per_second": 10, "new_keys_burst": 100}: the burst is how many new keys a tenant may create at once before the rate applies.';
+        END IF;
+    END IF;
+
     -- the upsert would fail with a bare 25006: say where to send the call
     IF pg_catalog.current_setting('transaction_read_only')::pg_catalog.bool THEN
         RAISE EXCEPTION 'cannot execute idem_configure_scope() in a read-only transaction'
@@ -998,7 +1018,9 @@ BEGIN
         fingerprint_ignore = CASE WHEN options ? 'fingerprint_ignore' THEN EXCLUDED.fingerprint_ignore ELSE s.fingerprint_ignore END,
         retryable_codes = CASE WHEN options ? 'retryable_codes' THEN EXCLUDED.retryable_codes ELSE s.retryable_codes END,
         new_keys_per_second = CASE WHEN options ? 'new_keys_per_second' THEN EXCLUDED.new_keys_per_second ELSE s.new_keys_per_second END,
-        new_keys_burst = CASE WHEN options ? 'new_keys_burst' THEN EXCLUDED.new_keys_burst ELSE s.new_keys_burst END,
+        new_keys_burst = CASE WHEN options ? 'new_keys_burst' THEN EXCLUDED.new_keys_burst
+                              WHEN options ? 'new_keys_per_second' AND EXCLUDED.new_keys_per_second IS NULL THEN NULL
+                              ELSE s.new_keys_burst END,
         max_live_keys = CASE WHEN options ? 'max_live_keys' THEN EXCLUDED.max_live_keys ELSE s.max_live_keys END
     RETURNING s.* INTO result;
     RETURN result;

@@ -181,7 +181,7 @@ DELETE FROM idempotency.keys WHERE tenant_id = 'ke_a' AND scope = 'ke_scope_max'
 DELETE FROM idempotency.scopes WHERE scope = 'ke_scope_max';
 -- whole numbers written with a fraction, as JSON encoders write floats
 SELECT retryable_codes, new_keys_burst, max_live_keys
-  FROM idem_configure_scope('ke_scope_float', '{"retryable_codes": [503.0, 429.00], "new_keys_burst": 10.0, "max_live_keys": 100.0}');
+  FROM idem_configure_scope('ke_scope_float', '{"retryable_codes": [503.0, 429.00], "new_keys_per_second": 5.0, "new_keys_burst": 10.0, "max_live_keys": 100.0}');
 DELETE FROM idempotency.scopes WHERE scope = 'ke_scope_float';
 
 -- none of the failed calls wrote anything

@@ -72,8 +72,15 @@ SELECT scope FROM idem_configure_scope('rl_scope', '{"new_keys_per_second": 0.00
 SELECT k, outcome, retry_after BETWEEN 900 AND 1000 AS retry_after_about_1000s
   FROM generate_series(1, 4) AS k,
        LATERAL idem_reserve('rl_a', 'rl_scope', 'lowered-' || k, jsonb_build_object('k', k));
--- null lifts the limit
-SELECT scope, new_keys_per_second FROM idem_configure_scope('rl_scope', '{"new_keys_per_second": null}');
+-- a burst alone changes the burst of the rate in force
+SELECT scope, new_keys_per_second, new_keys_burst FROM idem_configure_scope('rl_scope', '{"new_keys_burst": 5}');
+-- a burst without a rate would limit nothing: refused (22023), nothing written
+SELECT pg_temp.err($$SELECT idem_configure_scope('rl_norate', '{"new_keys_burst": 5}')$$);
+SELECT pg_temp.err($$SELECT idem_configure_scope('rl_scope', '{"new_keys_per_second": null, "new_keys_burst": 5}')$$);
+SELECT count(*) AS rl_norate_rows FROM idempotency.scopes WHERE scope = 'rl_norate';
+SELECT scope, new_keys_per_second, new_keys_burst FROM idempotency.scopes WHERE scope = 'rl_scope';
+-- null lifts the limit, and takes the burst with it
+SELECT scope, new_keys_per_second, new_keys_burst FROM idem_configure_scope('rl_scope', '{"new_keys_per_second": null}');
 SELECT outcome FROM idem_reserve('rl_a', 'rl_scope', 'after-lift', '{}');
 
 -- the state is soft: past 8,192 limited pairs the table starts over, and
