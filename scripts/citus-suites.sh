@@ -49,6 +49,21 @@ suite_distribute() {
     # stay theirs, and the workers' sequences go past them
     q "$PC" -c "SELECT outbox_enqueue('pre' || g, 'pre.topic', '{}') FROM generate_series(1, 5) g" >/dev/null ||
         fail "enqueue before distributing"
+    # a worker whose sequence cannot go past those ids (5): refused with
+    # 55000, naming the worker, and nothing is distributed
+    local err
+    q "$PW1" -c "ALTER SEQUENCE idempotency.outbox_id_seq MAXVALUE 3" >/dev/null ||
+        fail "ALTER SEQUENCE on a worker"
+    err=$(q "$PC" -v VERBOSITY=verbose -c "SELECT idem_citus_distribute()" 2>&1)
+    case $err in
+        *"55000: could not move the outbox id sequence of every worker past 5"*"127.0.0.1:$PW1 "*) ;;
+        *) fail "idem_citus_distribute() with a worker's sequence stuck: $err" ;;
+    esac
+    case $err in *":$PW2 "*) fail "idem_citus_distribute() named a worker that succeeded: $err" ;; esac
+    err=$(q "$PC" -c "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'idempotency.%'")
+    [ "$err" = 0 ] || fail "tables distributed by the refused idem_citus_distribute(): $err"
+    q "$PW1" -c "ALTER SEQUENCE idempotency.outbox_id_seq NO MAXVALUE" >/dev/null ||
+        fail "ALTER SEQUENCE on a worker, back"
     q "$PC" -c "SELECT idem_citus_distribute()" >/dev/null || { fail "idem_citus_distribute()"; return; }
     local pre
     # (each call a statement of its own, which Citus delegates)
@@ -60,7 +75,6 @@ suite_distribute() {
     q "$PC" -c "DELETE FROM idempotency.outbox WHERE topic = 'pre.topic'" >/dev/null
     # running it again finishes what is missing: nothing
     q "$PC" -c "SELECT idem_citus_distribute()" >/dev/null || fail "idem_citus_distribute() a second time"
-    local err
     err=$(q "$PC" -c "SELECT idem_citus_distribute(0)" 2>&1)
     case $err in *"shard_count must be positive"*) ;; *) fail "idem_citus_distribute(0): $err" ;; esac
     local got
