@@ -842,6 +842,9 @@ typedef struct IdemOwnerScope
 
 static bool owner_scope_callbacks_registered = false;
 
+/* Calls of the entry points that run as their owner, in this backend. */
+uint64		idem_entry_calls = 0;
+
 static void
 owner_scope_xact_callback(XactEvent event, void *arg)
 {
@@ -882,6 +885,7 @@ idem_owner_enter(FunctionCallInfo fcinfo, IdemOwnerScope *scope)
 	if (fcinfo->flinfo == NULL || !OidIsValid(fcinfo->flinfo->fn_oid))
 		elog(ERROR, "idempotency: entry point called without a function OID");
 	owner = function_owner(fcinfo->flinfo->fn_oid);
+	idem_entry_calls++;
 
 	GetUserIdAndSecContext(&scope->save_userid, &scope->save_sec_context);
 	if (!owner_scope_callbacks_registered)

@@ -110,6 +110,7 @@ extern const char *idem_effective_tenant(void);
  * resets the user and pops the search path.
  */
 extern Datum idem_call_as_owner(FunctionCallInfo fcinfo, PGFunction body);
+extern uint64 idem_entry_calls;
 extern bool idem_complete_stores(FmgrInfo *flinfo, Datum scope, int32 code);
 extern int	idem_pin_search_path(void);
 extern void idem_unpin_search_path(int save_nestlevel);

@@ -78,6 +78,7 @@
 #include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
+#include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
@@ -755,6 +756,10 @@ keys_hash(KeyIdent *id)
 	}
 	return h;
 }
+
+/* keys_hash of the key whose lock is "tag" */
+#define KEYS_TAG_HASH(tag) \
+	(((uint64) (tag).locktag_field2 << 32) | (uint64) (tag).locktag_field3)
 
 static void
 keys_lock_tag(LOCKTAG *tag, KeyIdent *id)
@@ -2743,6 +2748,105 @@ reserve_check_args(FunctionCallInfo fcinfo, int request_arg,
 }
 
 /*
+ * The last answer of idem_reserve, kept while the row it was made for is
+ * evaluated.  PostgreSQL evaluates a function returning a composite once
+ * for each column read from it: SELECT (idem_reserve(...)).* calls it nine
+ * times for one row.  After a "created", every later call would find the
+ * key held by this transaction and answer in_progress, and the row would
+ * mix the two answers (created, 409, no lock_token); after a rate_limited,
+ * a later call could be admitted; each would wait its "wait" again.  A
+ * call made from another place in the expression (another FmgrInfo) for
+ * the same row (the memory context it is called in not reset since), for
+ * the same key and fingerprint, with no other call of the extension in
+ * between, is the same request: it gets the same answer, and counts
+ * nothing.  A call from the same place (another row of the same query, a
+ * loop) is another request.  Replays and mismatches, read from the key's
+ * row, are not kept: each call reads the same answer again (and counts
+ * it), and the replay path stays as short as it was.
+ */
+typedef struct RowAnswer
+{
+	MemoryContext cxt;			/* holds "answer"; NULL once reset or deleted */
+	FmgrInfo   *site;			/* the call that made it */
+	uint64		calls;			/* idem_entry_calls after that call */
+	uint64		hash;			/* the key's (keys_hash) */
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	bool		created;		/* the answer holds the key with "token" */
+	pg_uuid_t	token;
+	Datum		answer;
+} RowAnswer;
+
+static RowAnswer row_answer;
+
+/* A memory context holding a row answer was reset or deleted. */
+static void
+row_answer_reset(void *arg)
+{
+	if (row_answer.cxt == (MemoryContext) arg)
+		row_answer.cxt = NULL;
+}
+
+/* Keep "answer" (from "ans"), made in "callcxt", the call's context. */
+static void
+row_answer_keep(FunctionCallInfo fcinfo, MemoryContext callcxt, uint64 hash,
+				const uint8 *fingerprint, const ReserveAnswer *ans,
+				Datum answer)
+{
+	/* answered by reading a row: every call gives the same answer */
+	if (ans->outcome == OUTCOME_REPLAY || ans->outcome == OUTCOME_MISMATCH)
+		return;
+	if (row_answer.cxt != callcxt)
+	{
+		MemoryContextCallback *cb;
+
+		cb = MemoryContextAlloc(callcxt, sizeof(MemoryContextCallback));
+		cb->func = row_answer_reset;
+		cb->arg = callcxt;
+		MemoryContextRegisterResetCallback(callcxt, cb);
+		row_answer.cxt = callcxt;
+	}
+	row_answer.site = fcinfo->flinfo;
+	row_answer.calls = idem_entry_calls;
+	row_answer.hash = hash;
+	memcpy(row_answer.fingerprint, fingerprint, IDEM_FINGERPRINT_LEN);
+	row_answer.created = ans->outcome == OUTCOME_CREATED;
+	row_answer.token = ans->token;
+	row_answer.answer = answer;
+}
+
+/*
+ * The kept answer, copied, if this call is another column of the same
+ * request (see RowAnswer) and, after a "created", the transaction still
+ * holds the key.
+ */
+static bool
+row_answer_again(FunctionCallInfo fcinfo, MemoryContext callcxt, uint64 hash,
+				 KeyIdent *id, const uint8 *fingerprint, Datum *answer)
+{
+	HeldKey    *entry;
+	MemoryContext oldcxt;
+
+	if (row_answer.cxt == NULL || row_answer.cxt != callcxt ||
+		row_answer.site == fcinfo->flinfo ||
+		row_answer.calls + 1 != idem_entry_calls ||
+		row_answer.hash != hash ||
+		memcmp(row_answer.fingerprint, fingerprint, IDEM_FINGERPRINT_LEN) != 0)
+		return false;
+	if (row_answer.created)
+	{
+		entry = held_find(id);
+		if (entry == NULL || entry->released ||
+			memcmp(&entry->token, &row_answer.token, sizeof(pg_uuid_t)) != 0)
+			return false;
+	}
+	row_answer.calls = idem_entry_calls;
+	oldcxt = MemoryContextSwitchTo(callcxt);
+	*answer = datumCopy(row_answer.answer, false, -1);
+	MemoryContextSwitchTo(oldcxt);
+	return true;
+}
+
+/*
  * Shared body of idem_reserve and of the entry points of version 1.0.
  * Arguments: tenant, scope, key, then the request (jsonb) at request_arg
  * and the fingerprint (bytea) at fingerprint_arg (-1 where the signature
@@ -2803,6 +2907,12 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 		lock_timeout = idem_seconds_interval(idem_default_lock_timeout);
 
 	keys_lock_tag(&tag, &id);
+	if (row_answer_again(fcinfo, callcxt, KEYS_TAG_HASH(tag), &id,
+						 fingerprint, &result))
+	{
+		SPI_finish();
+		PG_RETURN_DATUM(result);
+	}
 	if (wait_usecs > 0)
 		deadline = GetCurrentTimestamp() + wait_usecs;
 
@@ -2869,6 +2979,8 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 
 	MemoryContextSwitchTo(callcxt);
 	result = reserve_answer_datum(&ans);
+	row_answer_keep(fcinfo, callcxt, KEYS_TAG_HASH(tag), fingerprint, &ans,
+					result);
 	SPI_finish();
 	PG_RETURN_DATUM(result);
 }

@@ -157,6 +157,10 @@ SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'e
 SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'ex.null_row')$$);
 SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'ex.bad_status')$$);
 SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'ex.missing')$$);
+-- a schema that does not exist: 3F000 on 15, 42883 from 16 on (PostgreSQL's)
+SELECT left(e, 5) = CASE WHEN current_setting('server_version_num')::int < 160000
+                         THEN '3F000' ELSE '42883' END AS expected_sqlstate
+  FROM pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 'ex_no_such_schema.create_order')$$) AS e;
 SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', NULL)$$);
 SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', '-')$$);
 SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-6', '{}', 0::regproc)$$);
