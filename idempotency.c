@@ -843,7 +843,7 @@ typedef struct IdemOwnerScope
 static bool owner_scope_callbacks_registered = false;
 
 /* Calls of the entry points that run as their owner, in this backend. */
-uint64		idem_entry_calls = 0;
+static uint64 idem_entry_calls = 0;
 
 static void
 owner_scope_xact_callback(XactEvent event, void *arg)
@@ -920,6 +920,62 @@ idem_owner_leave(IdemOwnerScope *scope)
 	idem_unpin_search_path(scope->save_nestlevel);
 	SetUserIdAndSecContext(scope->save_userid, scope->save_sec_context);
 	owner_scope_depth = scope->save_depth;
+}
+
+/*
+ * Calls for one row of a select list.  PostgreSQL evaluates a function
+ * returning a composite or a set once for each column read from it:
+ * SELECT (f(...)).* calls f once per column, each call from its own
+ * expression (its own FmgrInfo), all in the memory context of the row
+ * being evaluated.  idem_row_mark records a call; idem_row_repeat tells
+ * whether the current call is another column of the one marked: made from
+ * another place in the expression, in the same memory context, not reset
+ * or deleted since (a reset callback clears the mark), and with no other
+ * call of the extension's entry points in between.  A call from the same
+ * place (another row of the query, a loop) is never a repeat.
+ */
+typedef struct RowMarkCallback
+{
+	MemoryContextCallback cb;
+	IdemRowMark *mark;
+	MemoryContext cxt;
+} RowMarkCallback;
+
+static void
+row_mark_reset(void *arg)
+{
+	RowMarkCallback *rc = (RowMarkCallback *) arg;
+
+	if (rc->mark->cxt == rc->cxt)
+		rc->mark->cxt = NULL;
+}
+
+void
+idem_row_mark(IdemRowMark *mark, FunctionCallInfo fcinfo, MemoryContext cxt)
+{
+	if (mark->cxt != cxt)
+	{
+		RowMarkCallback *rc = MemoryContextAlloc(cxt, sizeof(RowMarkCallback));
+
+		rc->cb.func = row_mark_reset;
+		rc->cb.arg = rc;
+		rc->mark = mark;
+		rc->cxt = cxt;
+		MemoryContextRegisterResetCallback(cxt, &rc->cb);
+		mark->cxt = cxt;
+	}
+	mark->site = fcinfo->flinfo;
+	mark->calls = idem_entry_calls;
+}
+
+bool
+idem_row_repeat(IdemRowMark *mark, FunctionCallInfo fcinfo, MemoryContext cxt)
+{
+	if (mark->cxt == NULL || mark->cxt != cxt || mark->site == fcinfo->flinfo ||
+		mark->calls + 1 != idem_entry_calls)
+		return false;
+	mark->calls = idem_entry_calls;
+	return true;
 }
 
 /* "body"(fcinfo) between idem_owner_enter and idem_owner_leave. */

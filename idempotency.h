@@ -110,7 +110,19 @@ extern const char *idem_effective_tenant(void);
  * resets the user and pops the search path.
  */
 extern Datum idem_call_as_owner(FunctionCallInfo fcinfo, PGFunction body);
-extern uint64 idem_entry_calls;
+
+/* one row of a select list calling a function once per column */
+typedef struct IdemRowMark
+{
+	MemoryContext cxt;			/* the row's; NULL once reset or deleted */
+	FmgrInfo   *site;			/* the call marked */
+	uint64		calls;			/* entry point calls when it was marked */
+} IdemRowMark;
+
+extern void idem_row_mark(IdemRowMark *mark, FunctionCallInfo fcinfo,
+						  MemoryContext cxt);
+extern bool idem_row_repeat(IdemRowMark *mark, FunctionCallInfo fcinfo,
+							MemoryContext cxt);
 extern bool idem_complete_stores(FmgrInfo *flinfo, Datum scope, int32 code);
 extern int	idem_pin_search_path(void);
 extern void idem_unpin_search_path(int save_nestlevel);

@@ -2749,26 +2749,19 @@ reserve_check_args(FunctionCallInfo fcinfo, int request_arg,
 
 /*
  * The last answer of idem_reserve, kept while the row it was made for is
- * evaluated.  PostgreSQL evaluates a function returning a composite once
- * for each column read from it: SELECT (idem_reserve(...)).* calls it nine
- * times for one row.  After a "created", every later call would find the
- * key held by this transaction and answer in_progress, and the row would
- * mix the two answers (created, 409, no lock_token); after a rate_limited,
- * a later call could be admitted; each would wait its "wait" again.  A
- * call made from another place in the expression (another FmgrInfo) for
- * the same row (the memory context it is called in not reset since), for
- * the same key and fingerprint, with no other call of the extension in
- * between, is the same request: it gets the same answer, and counts
- * nothing.  A call from the same place (another row of the same query, a
- * loop) is another request.  Replays and mismatches, read from the key's
- * row, are not kept: each call reads the same answer again (and counts
- * it), and the replay path stays as short as it was.
+ * evaluated.  SELECT (idem_reserve(...)).* calls it nine times for one
+ * row (idem_row_repeat).  After a "created", every later call would find
+ * the key held by this transaction and answer in_progress, and the row
+ * would mix the two answers (created, 409, no lock_token); after a
+ * rate_limited, a later call could be admitted; each would wait its "wait"
+ * again.  A repeat for the same key and fingerprint is the same request:
+ * it gets the same answer, and counts nothing.  Replays and mismatches,
+ * read from the key's row, are not kept: each call reads the same answer
+ * again (and counts it), and the replay path stays as short as it was.
  */
 typedef struct RowAnswer
 {
-	MemoryContext cxt;			/* holds "answer"; NULL once reset or deleted */
-	FmgrInfo   *site;			/* the call that made it */
-	uint64		calls;			/* idem_entry_calls after that call */
+	IdemRowMark mark;			/* mark.cxt holds "answer" */
 	uint64		hash;			/* the key's (keys_hash) */
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
 	bool		created;		/* the answer holds the key with "token" */
@@ -2777,14 +2770,6 @@ typedef struct RowAnswer
 } RowAnswer;
 
 static RowAnswer row_answer;
-
-/* A memory context holding a row answer was reset or deleted. */
-static void
-row_answer_reset(void *arg)
-{
-	if (row_answer.cxt == (MemoryContext) arg)
-		row_answer.cxt = NULL;
-}
 
 /* Keep "answer" (from "ans"), made in "callcxt", the call's context. */
 static void
@@ -2795,18 +2780,7 @@ row_answer_keep(FunctionCallInfo fcinfo, MemoryContext callcxt, uint64 hash,
 	/* answered by reading a row: every call gives the same answer */
 	if (ans->outcome == OUTCOME_REPLAY || ans->outcome == OUTCOME_MISMATCH)
 		return;
-	if (row_answer.cxt != callcxt)
-	{
-		MemoryContextCallback *cb;
-
-		cb = MemoryContextAlloc(callcxt, sizeof(MemoryContextCallback));
-		cb->func = row_answer_reset;
-		cb->arg = callcxt;
-		MemoryContextRegisterResetCallback(callcxt, cb);
-		row_answer.cxt = callcxt;
-	}
-	row_answer.site = fcinfo->flinfo;
-	row_answer.calls = idem_entry_calls;
+	idem_row_mark(&row_answer.mark, fcinfo, callcxt);
 	row_answer.hash = hash;
 	memcpy(row_answer.fingerprint, fingerprint, IDEM_FINGERPRINT_LEN);
 	row_answer.created = ans->outcome == OUTCOME_CREATED;
@@ -2826,10 +2800,7 @@ row_answer_again(FunctionCallInfo fcinfo, MemoryContext callcxt, uint64 hash,
 	HeldKey    *entry;
 	MemoryContext oldcxt;
 
-	if (row_answer.cxt == NULL || row_answer.cxt != callcxt ||
-		row_answer.site == fcinfo->flinfo ||
-		row_answer.calls + 1 != idem_entry_calls ||
-		row_answer.hash != hash ||
+	if (row_answer.mark.cxt != callcxt || row_answer.hash != hash ||
 		memcmp(row_answer.fingerprint, fingerprint, IDEM_FINGERPRINT_LEN) != 0)
 		return false;
 	if (row_answer.created)
@@ -2839,7 +2810,8 @@ row_answer_again(FunctionCallInfo fcinfo, MemoryContext callcxt, uint64 hash,
 			memcmp(&entry->token, &row_answer.token, sizeof(pg_uuid_t)) != 0)
 			return false;
 	}
-	row_answer.calls = idem_entry_calls;
+	if (!idem_row_repeat(&row_answer.mark, fcinfo, callcxt))
+		return false;
 	oldcxt = MemoryContextSwitchTo(callcxt);
 	*answer = datumCopy(row_answer.answer, false, -1);
 	MemoryContextSwitchTo(oldcxt);

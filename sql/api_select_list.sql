@@ -1,4 +1,4 @@
--- idem_reserve read column by column in a select list.  PostgreSQL calls a
+-- Functions read column by column in a select list.  PostgreSQL calls a
 -- function returning a composite once for each column read from it:
 -- SELECT (idem_reserve(...)).* makes nine calls for one row.  They are one
 -- request, and the row is the first call's answer, whole.
@@ -105,3 +105,17 @@ SELECT (idem_reserve('sl_a', 'sl', 'k-held', '{}')).outcome,
 SELECT created, in_progress, mismatched, replayed FROM idempotency.stats
  WHERE tenant = 'sl_a' AND scope = 'sl';
 DELETE FROM idempotency.keys WHERE tenant_id = 'sl_a';
+
+-- a set-returning function is called once for a row however many of its
+-- columns are read (PostgreSQL computes equal ones once): outbox_claim read
+-- column by column claims one row, whole
+SELECT outbox_enqueue('sl_a', 'sl.claim', jsonb_build_object('n', g)) > 0 AS enqueued
+  FROM generate_series(1, 3) AS g;
+SELECT (outbox_claim('sl-worker', 1, topics => '{sl.claim}')).id IS NOT NULL AS id,
+       (outbox_claim('sl-worker', 1, topics => '{sl.claim}')).lease_token IS NOT NULL AS token;
+SELECT status, count(*) FROM idempotency.outbox WHERE topic = 'sl.claim' GROUP BY 1;
+-- one call in the select list, or in FROM, claims as usual
+SELECT (c).status, (c).lease_token IS NOT NULL AS token
+  FROM (SELECT outbox_claim('sl-worker', 1, topics => '{sl.claim}') AS c) AS s;
+SELECT count(*) AS claimed FROM outbox_claim('sl-worker', 5, topics => '{sl.claim}');
+DELETE FROM idempotency.outbox WHERE topic = 'sl.claim';
