@@ -378,6 +378,8 @@ idem_execute(PG_FUNCTION_ARGS)
 	ExecResponse resp;
 	bool		stored;
 
+	/* another request than a reservation before it in the row */
+	idem_entry_call();
 	/* the key functions check the rest; these are idem_execute's own */
 	if (PG_ARGISNULL(EXEC_HANDLER))
 		idem_null_argument("handler");

@@ -885,7 +885,7 @@ idem_owner_enter(FunctionCallInfo fcinfo, IdemOwnerScope *scope)
 	if (fcinfo->flinfo == NULL || !OidIsValid(fcinfo->flinfo->fn_oid))
 		elog(ERROR, "idempotency: entry point called without a function OID");
 	owner = function_owner(fcinfo->flinfo->fn_oid);
-	idem_entry_calls++;
+	idem_entry_call();
 
 	GetUserIdAndSecContext(&scope->save_userid, &scope->save_sec_context);
 	if (!owner_scope_callbacks_registered)
@@ -948,6 +948,16 @@ row_mark_reset(void *arg)
 
 	if (rc->mark->cxt == rc->cxt)
 		rc->mark->cxt = NULL;
+}
+
+/*
+ * A call of an entry point that changes or answers for keys: the entry
+ * points that run as their owner (idem_owner_enter), and idem_execute.
+ */
+void
+idem_entry_call(void)
+{
+	idem_entry_calls++;
 }
 
 void

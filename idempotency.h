@@ -119,6 +119,7 @@ typedef struct IdemRowMark
 	uint64		calls;			/* entry point calls when it was marked */
 } IdemRowMark;
 
+extern void idem_entry_call(void);
 extern void idem_row_mark(IdemRowMark *mark, FunctionCallInfo fcinfo,
 						  MemoryContext cxt);
 extern bool idem_row_repeat(IdemRowMark *mark, FunctionCallInfo fcinfo,

@@ -2825,10 +2825,13 @@ row_answer_again(FunctionCallInfo fcinfo, MemoryContext callcxt, uint64 hash,
  * has none; exactly one of them must be non-null), ttl at 4 and wait at 5.
  * Takes the key's lock (kept to the end of the transaction only when the
  * call wrote); writes the key's row for "created" and for a stale
- * reservation.
+ * reservation.  "row_answers": answer the calls of one row of a select list
+ * as one (RowAnswer); not for the entry points of 1.0, which do not run
+ * through idem_owner_enter and so are not counted as calls.
  */
 static Datum
-reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
+reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg,
+			   bool row_answers)
 {
 	KeyIdent	id;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
@@ -2879,7 +2882,8 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 		lock_timeout = idem_seconds_interval(idem_default_lock_timeout);
 
 	keys_lock_tag(&tag, &id);
-	if (row_answer_again(fcinfo, callcxt, KEYS_TAG_HASH(tag), &id,
+	if (row_answers &&
+		row_answer_again(fcinfo, callcxt, KEYS_TAG_HASH(tag), &id,
 						 fingerprint, &result))
 	{
 		SPI_finish();
@@ -2951,8 +2955,9 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 
 	MemoryContextSwitchTo(callcxt);
 	result = reserve_answer_datum(&ans);
-	row_answer_keep(fcinfo, callcxt, KEYS_TAG_HASH(tag), fingerprint, &ans,
-					result);
+	if (row_answers)
+		row_answer_keep(fcinfo, callcxt, KEYS_TAG_HASH(tag), fingerprint,
+						&ans, result);
 	SPI_finish();
 	PG_RETURN_DATUM(result);
 }
@@ -2966,7 +2971,7 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg)
 static Datum
 idem_reserve_body(FunctionCallInfo fcinfo)
 {
-	return reserve_common(fcinfo, 3, 6);
+	return reserve_common(fcinfo, 3, 6, true);
 }
 
 /* As the owner of the function, search_path pinned (idem_owner_enter). */
@@ -2985,13 +2990,13 @@ idem_reserve(PG_FUNCTION_ARGS)
 Datum
 idem_reserve_request(PG_FUNCTION_ARGS)
 {
-	return reserve_common(fcinfo, 3, -1);
+	return reserve_common(fcinfo, 3, -1, false);
 }
 
 Datum
 idem_reserve_fingerprint(PG_FUNCTION_ARGS)
 {
-	return reserve_common(fcinfo, -1, 3);
+	return reserve_common(fcinfo, -1, 3, false);
 }
 
 /* ----------------------------------------------------------------

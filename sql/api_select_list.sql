@@ -119,3 +119,20 @@ SELECT (c).status, (c).lease_token IS NOT NULL AS token
   FROM (SELECT outbox_claim('sl-worker', 1, topics => '{sl.claim}') AS c) AS s;
 SELECT count(*) AS claimed FROM outbox_claim('sl-worker', 5, topics => '{sl.claim}');
 DELETE FROM idempotency.outbox WHERE topic = 'sl.claim';
+
+-- idem_execute in the same row as a reservation of its key is another
+-- request: in_progress, its handler not run
+CREATE TABLE pg_temp.sl_effects (k text);
+CREATE FUNCTION pg_temp.sl_pay(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pg_temp.sl_effects VALUES (key);
+    RETURN ROW(201, '{"paid": true}', NULL)::idempotency.response;
+END
+$$;
+BEGIN;
+SELECT (idem_reserve('sl_a', 'sl', 'k-exec', '{}')).outcome AS reserved,
+       (idem_reserve('sl_a', 'sl', 'k-exec', '{}')).lock_token IS NOT NULL AS token,
+       (idem_execute('sl_a', 'sl', 'k-exec', '{}', 'pg_temp.sl_pay')).outcome AS executed;
+SELECT count(*) AS handler_runs FROM pg_temp.sl_effects;
+ROLLBACK;
