@@ -842,7 +842,7 @@ typedef struct IdemOwnerScope
 
 static bool owner_scope_callbacks_registered = false;
 
-/* Calls of the entry points that run as their owner, in this backend. */
+/* Calls of the entry points in this backend (idem_entry_call). */
 static uint64 idem_entry_calls = 0;
 
 static void
@@ -924,7 +924,7 @@ idem_owner_leave(IdemOwnerScope *scope)
 
 /*
  * Calls for one row of a select list.  PostgreSQL evaluates a function
- * returning a composite or a set once for each column read from it:
+ * returning a composite once for each column read from it:
  * SELECT (f(...)).* calls f once per column, each call from its own
  * expression (its own FmgrInfo), all in the memory context of the row
  * being evaluated.  idem_row_mark records a call; idem_row_repeat tells
