@@ -4,6 +4,17 @@
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '1.1'" to load this file. \quit
 
 /*
+ * The tables first, in the order the library takes them in a request (a
+ * scope's policy, then the key, then the outbox): a request that arrives
+ * while the update waits for a transaction holding a reservation queues
+ * behind the update.  Taken as the statements below come to them (the
+ * keys, later the scopes), the update deadlocked with such a request
+ * (40P01), which had read its scope and waited for the keys.
+ */
+LOCK TABLE idempotency.scopes, idempotency.keys, idempotency.outbox
+    IN ACCESS EXCLUSIVE MODE;
+
+/*
  * Grants an administrator made on 1.0's objects belong to the database.
  * Those on the objects this update drops and creates again (the functions
  * whose signature changes, the views it rebuilds) are collected here and

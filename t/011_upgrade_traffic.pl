@@ -1,0 +1,61 @@
+# ALTER EXTENSION idempotency UPDATE while requests come in.  The update
+# waits for a transaction holding a reservation; a request from a new
+# connection arriving meanwhile reads its scope's policy (idempotency.scopes)
+# and then the key (idempotency.keys).  It must queue behind the update, and
+# the update must go through once the reservation commits: taking the
+# tables in the order of its statements (keys first, scopes later) made it
+# deadlock with such a request (40P01) and roll back.
+use strict;
+use warnings;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest qw(new_idem_node run_in);
+
+my $node = new_idem_node('upgrade_traffic');
+$node->safe_psql('postgres', 'CREATE DATABASE u');
+$node->safe_psql('u', "CREATE EXTENSION idempotency VERSION '1.0'");
+$node->safe_psql('u',
+	q{SELECT idem_configure_scope('pay', '{"ttl": "1 day"}')});
+
+# a request holding its reservation
+my $s1 = $node->background_psql('u');
+$s1->query_safe('BEGIN');
+is($s1->query_safe(q{SELECT outcome FROM idem_reserve('t', 'pay', 'x1', '{}'::jsonb)}),
+	'created', 'a request holds its reservation');
+
+# the update waits for it
+my $upd = $node->background_psql('u', on_error_stop => 0);
+$upd->query_until(qr/update started/,
+	"\\echo update started\nALTER EXTENSION idempotency UPDATE;\n");
+$node->poll_query_until('u',
+	q{SELECT count(*) = 1 FROM pg_stat_activity
+	   WHERE wait_event_type = 'Lock' AND query LIKE 'ALTER EXTENSION%'})
+  or die 'the update did not wait for the reservation';
+
+# a request on a new connection queues behind the update
+my $s2 = $node->background_psql('u', on_error_stop => 0);
+$s2->query_until(qr/request started/,
+	"\\echo request started\nSELECT outcome FROM idem_reserve('t', 'pay', 'x2', '{}'::jsonb);\n");
+$node->poll_query_until('u',
+	q{SELECT count(*) = 1 FROM pg_stat_activity
+	   WHERE wait_event_type = 'Lock' AND query LIKE '%''x2''%'})
+  or die 'the new request did not queue';
+
+# the reservation commits: the update runs, then the new request
+$s1->query_safe(q{SELECT idem_complete('t', 'pay', 'x1', 201, '{"id": 1}')});
+$s1->query_safe('COMMIT');
+my ($uout, $uerr) = run_in($upd, 'SELECT 1');
+is($uerr, '', 'the update went through (no deadlock)');
+my ($rout, $rerr) = run_in($s2, 'SELECT 1');
+like($rout, qr/^created/, 'the request that queued behind it was answered');
+is($rerr, '', 'and raised nothing');
+is($node->safe_psql('u',
+		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
+	'1.1', 'the database is at 1.1');
+is($node->safe_psql('u',
+		q{SELECT outcome || ' ' || response_code FROM idem_reserve('t', 'pay', 'x1', '{}')}),
+	'replay 201', 'the key completed while the update waited replays');
+
+$_->quit for ($s1, $upd, $s2);
+$node->stop;
+done_testing();
