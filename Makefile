@@ -57,7 +57,7 @@ idempotency--$(EXTVERSION).sql: $(INSTALL_PARTS)
 	cat $^ > $@
 
 # Set-up and walk-through on a Debian 12 machine (as root).
-.PHONY: demo test test-citus crash deps bench fuzz check-valgrind
+.PHONY: demo test test-citus crash deps bench fuzz check-valgrind pgindent
 deps:
 	bash scripts/deps.sh
 
@@ -89,3 +89,7 @@ fuzz:
 # the regression and isolation suites against a server under valgrind
 check-valgrind:
 	bash scripts/check-valgrind.sh
+
+# lay out the C files as PostgreSQL's pgindent does (CHECK=1: only check)
+pgindent:
+	CHECK='$(CHECK)' bash scripts/pgindent.sh

@@ -888,6 +888,7 @@ citus_check_distributed_call(FuncExpr *fe, ParamListInfo params)
 	for (int i = 0; i < list_length(fe->args); i++)
 		if (citus_arg_value(fe, i, params, &isnull, &value, &type) && isnull)
 			nulls = bms_add_member(nulls, i);
+
 	/*
 	 * Only then is Citus asked: its own calls while it distributes the
 	 * extension's tables must not load its metadata half-made.
@@ -1224,8 +1225,10 @@ citus_calls_ours_pullable(Query *q)
 			return true;
 	}
 	foreach(lc, q->cteList)
+	{
 		if (citus_calls_ours(((CommonTableExpr *) lfirst(lc))->ctequery, NULL))
 			return true;
+	}
 	return q->rtable != NIL && !citus_from_stays(q) &&
 		citus_calls_ours_here((Node *) q->targetList, NULL);
 }
@@ -1418,7 +1421,10 @@ citus_process_utility(PlannedStmt *pstmt, const char *queryString,
 {
 	switch (nodeTag(pstmt->utilityStmt))
 	{
-			/* settings (RESET ROLE), transactions, and what runs through the executor */
+			/*
+			 * settings (RESET ROLE), transactions, and what runs through the
+			 * executor
+			 */
 		case T_VariableSetStmt:
 		case T_VariableShowStmt:
 		case T_TransactionStmt:
@@ -1467,4 +1473,3 @@ idem_citus_init(void)
 	citus_prev_process_utility = ProcessUtility_hook;
 	ProcessUtility_hook = citus_process_utility;
 }
-

@@ -423,11 +423,11 @@ idem_execute(PG_FUNCTION_ARGS)
 	 */
 	stored = exec_handle(cache, fcinfo, handler, &resp);
 	exec_complete(cache, fcinfo, resp.status, resp.body,
-						 resp.body_null, resp.headers, resp.headers_null);
+				  resp.body_null, resp.headers, resp.headers_null);
 
 	/*
-	 * "created", with the response the handler gave; the key is finished,
-	 * or released (no expires_at then: nothing is kept)
+	 * "created", with the response the handler gave; the key is finished, or
+	 * released (no expires_at then: nothing is kept)
 	 */
 	values[cache->col[COL_HTTP_STATUS]] = resp.status;
 	nulls[cache->col[COL_HTTP_STATUS]] = false;

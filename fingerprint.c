@@ -130,7 +130,7 @@ typedef struct CanonSink
 {
 	int			len;			/* bytes used in buf */
 	Size		written;		/* bytes handed to the destination */
-	StringInfo	text;			/* destination when building text */
+	StringInfo	canon;			/* destination when building text */
 #ifdef USE_OPENSSL
 	EVP_MD_CTX *hash;			/* destination when fingerprinting */
 #else
@@ -323,16 +323,16 @@ static void
 sink_write(CanonSink *sink, const char *data, size_t len)
 {
 	sink->written += len;
-	if (sink->text != NULL)
+	if (sink->canon != NULL)
 	{
 		/* a text value holds less than 1 GB: say so before StringInfo does */
-		if (len >= (size_t) (MaxAllocSize - sink->text->len))
+		if (len >= (size_t) (MaxAllocSize - sink->canon->len))
 			ereport(ERROR,
 					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 					 errmsg("canonical text of the request is too large"),
 					 errdetail("It would exceed 1 GB, the most a text value holds."),
 					 errhint("idem_fingerprint hashes the request without building its text; idem_reserve takes requests up to idempotency.max_request_size.")));
-		appendBinaryStringInfo(sink->text, data, (int) len);
+		appendBinaryStringInfo(sink->canon, data, (int) len);
 	}
 	else
 		hash_update(sink, data, len);
@@ -859,7 +859,7 @@ static int
 number_via_double(const NumericDigits *nd, char *out, const PathStep *path)
 {
 	char		localbuf[128];
-	char	   *text;
+	char	   *dectext;
 	int			ndigits = nd->ngroups * NUM_DEC_DIGITS;
 	int			textlen = ndigits + 32;
 	char	   *p;
@@ -873,8 +873,8 @@ number_via_double(const NumericDigits *nd, char *out, const PathStep *path)
 	int			exp10 = 0;
 	int			i;
 
-	text = (textlen <= (int) sizeof(localbuf)) ? localbuf : palloc(textlen);
-	p = text;
+	dectext = (textlen <= (int) sizeof(localbuf)) ? localbuf : palloc(textlen);
+	p = dectext;
 	*p++ = '0';
 	*p++ = '.';
 	numeric_digits_text(nd, p);
@@ -882,12 +882,12 @@ number_via_double(const NumericDigits *nd, char *out, const PathStep *path)
 	sprintf(p, "e%d", nd->exponent + nd->lead);
 
 	errno = 0;
-	d = strtod(text, &end);
+	d = strtod(dectext, &end);
 	Assert(*end == '\0');
 	if (isinf(d) || d == 0.0)
-		report_number_out_of_range(nd, text + 2 + nd->lead, path);
-	if (text != localbuf)
-		pfree(text);
+		report_number_out_of_range(nd, dectext + 2 + nd->lead, path);
+	if (dectext != localbuf)
+		pfree(dectext);
 
 	/* Ryu gives e.g. "1.2345e+30", "1e-07", "123.45" or "0.001" */
 	slen = double_to_shortest_decimal_buf(d, shortest);
@@ -1017,7 +1017,7 @@ emit_value(CanonState *st, JEntry entry, const char *data, uint32 offset,
 	switch (entry & JENTRY_TYPEMASK)
 	{
 		case JENTRY_ISSTRING:
-			if (unlikely(st->convert) && sink->text == NULL)
+			if (unlikely(st->convert) && sink->canon == NULL)
 			{
 				uint32		ulen;
 				const char *ustr = to_utf8(st, data + offset, len, &ulen);
@@ -1238,7 +1238,7 @@ emit_object(CanonState *st, JsonbContainer *jc, uint32 count, int depth,
 			sink_putc(sink, ',');
 		first = false;
 		/* the text stays in the database encoding; the hash is UTF-8 */
-		if (sink->text != NULL)
+		if (sink->canon != NULL)
 			emit_string(sink, member.key, member.keylen);
 		else
 			emit_string(sink, member.ukey, member.ukeylen);
@@ -1298,7 +1298,7 @@ emit_container(CanonState *st, JsonbContainer *jc, int depth,
  *		'1'.  Allocates in the current memory context.
  */
 static void
-parse_pointer(const char *text, int len, IgnorePointer *ptr)
+parse_pointer(const char *ptext, int len, IgnorePointer *ptr)
 {
 	int			ntokens = 0;
 	int			i;
@@ -1310,22 +1310,22 @@ parse_pointer(const char *text, int len, IgnorePointer *ptr)
 				 errmsg("fingerprint ignore pointer \"\" names the whole request"),
 				 errdetail("Ignoring the whole request would give every request the same fingerprint."),
 				 errhint("Name the members to leave out, e.g. \"/metadata/sent_at\".")));
-	if (text[0] != '/')
+	if (ptext[0] != '/')
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_TEXT_REPRESENTATION),
-				 errmsg("invalid JSON pointer \"%.*s\"", len, text),
+				 errmsg("invalid JSON pointer \"%.*s\"", len, ptext),
 				 errdetail("A JSON pointer (RFC 6901) starts with \"/\"."),
 				 errhint("Write the member's path from the top of the request, e.g. \"/metadata/sent_at\".")));
 
 	for (i = 0; i < len; i++)
 	{
-		if (text[i] == '/')
+		if (ptext[i] == '/')
 			ntokens++;
-		else if (text[i] == '~' &&
-				 (i + 1 >= len || (text[i + 1] != '0' && text[i + 1] != '1')))
+		else if (ptext[i] == '~' &&
+				 (i + 1 >= len || (ptext[i + 1] != '0' && ptext[i + 1] != '1')))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_TEXT_REPRESENTATION),
-					 errmsg("invalid JSON pointer \"%.*s\"", len, text),
+					 errmsg("invalid JSON pointer \"%.*s\"", len, ptext),
 					 errdetail("In a JSON pointer (RFC 6901) \"~\" must be followed by \"0\" or \"1\"."),
 					 errhint("Write \"~0\" for \"~\" and \"~1\" for \"/\" inside a member name.")));
 	}
@@ -1341,15 +1341,15 @@ parse_pointer(const char *text, int len, IgnorePointer *ptr)
 		bool		is_index;
 		int			c;
 
-		while (i < len && text[i] != '/')
+		while (i < len && ptext[i] != '/')
 		{
-			if (text[i] == '~')
+			if (ptext[i] == '~')
 			{
-				out[olen++] = (text[i + 1] == '0') ? '~' : '/';
+				out[olen++] = (ptext[i + 1] == '0') ? '~' : '/';
 				i += 2;
 			}
 			else
-				out[olen++] = text[i++];
+				out[olen++] = ptext[i++];
 		}
 		i++;					/* skip the '/' */
 		out[olen] = '\0';
@@ -1490,7 +1490,7 @@ idem_compute_fingerprint(Jsonb *request, ArrayType *ignore, uint8 *result)
 
 	sink.len = 0;
 	sink.written = 0;
-	sink.text = NULL;
+	sink.canon = NULL;
 	hash_begin(&sink);
 	st.sink = &sink;
 	write_canonical(&st, request);
@@ -1512,7 +1512,7 @@ canonical_into(Jsonb *request, ArrayType *ignore, StringInfo buf)
 
 	sink.len = 0;
 	sink.written = 0;
-	sink.text = buf;
+	sink.canon = buf;
 	sink.hash = NULL;
 	st.sink = &sink;
 	write_canonical(&st, request);

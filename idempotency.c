@@ -312,9 +312,9 @@ binding_load(void)
 	{
 		/*
 		 * Version 1.0 of the SQL objects: no bindings yet.  Not cached: no
-		 * invalidation would reach this backend when ALTER EXTENSION
-		 * UPDATE creates the table and a binding follows, and the role
-		 * would stay unbound in this session.
+		 * invalidation would reach this backend when ALTER EXTENSION UPDATE
+		 * creates the table and a binding follows, and the role would stay
+		 * unbound in this session.
 		 */
 		binding_valid = false;
 		if (binding_tenant)
@@ -328,11 +328,11 @@ binding_load(void)
 	}
 
 	/*
-	 * Valid from before the read, so that an invalidation arriving while
-	 * the table is read clears it; and loading until the read finished, so
-	 * that a read that fails (a lock timeout or a cancel while the table is
-	 * locked) is done again at the next call instead of leaving the binding
-	 * cached before the change whose invalidation it consumed.
+	 * Valid from before the read, so that an invalidation arriving while the
+	 * table is read clears it; and loading until the read finished, so that a
+	 * read that fails (a lock timeout or a cancel while the table is locked)
+	 * is done again at the next call instead of leaving the binding cached
+	 * before the change whose invalidation it consumed.
 	 */
 	binding_loading = true;
 	binding_valid = true;
@@ -366,8 +366,8 @@ binding_load(void)
 
 		/*
 		 * Code owned by idempotency_app or idempotency_worker: every bound
-		 * service is a member of one, and may give its code to it (ALTER
-		 * ... OWNER TO), to run bound to no tenant in another login.
+		 * service is a member of one, and may give its code to it (ALTER ...
+		 * OWNER TO), to run bound to no tenant in another login.
 		 */
 		caller_shared = caller == get_role_oid("idempotency_app", true) ||
 			caller == get_role_oid("idempotency_worker", true);

@@ -39,7 +39,7 @@
  * ----------------------------------------------------------------
  */
 extern char *idem_session_tenant;	/* idempotency.tenant, "" when unset */
-extern int	idem_default_ttl;		/* seconds */
+extern int	idem_default_ttl;	/* seconds */
 extern int	idem_default_lock_timeout;	/* seconds */
 extern int	idem_max_request_size;	/* bytes */
 extern int	idem_max_response_size; /* bytes */
@@ -184,6 +184,7 @@ extern Oid	idem_enum_label_oid(Oid typid, const char *label);
  * "scopes" (any scope when nscopes is 0).
  */
 extern bool idem_holds_reservation(char **scopes, int nscopes);
+
 /*
  * Take a key's or an ordering key's lock until the transaction ends,
  * counted against idempotency.max_keys_per_transaction (53400 beyond it).

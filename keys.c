@@ -285,13 +285,12 @@ typedef struct HeldKey
 	char	   *scope;			/* in TopTransactionContext; for the guard */
 
 	/*
-	 * A new key's row is written once: reserving it only takes the key's
-	 * lock and records the row here ("pending"); completing it inserts the
+	 * A new key's row is written once: reserving it only takes the key's lock
+	 * and records the row here ("pending"); completing it inserts the
 	 * finished row, releasing it drops the record, and a reservation still
-	 * pending at commit (or PREPARE) is inserted then, as "processing".
-	 * Any other access to the key inserts it first.  The lock, held to the
-	 * end of the transaction, answers other sessions as the uncommitted
-	 * row did.
+	 * pending at commit (or PREPARE) is inserted then, as "processing". Any
+	 * other access to the key inserts it first.  The lock, held to the end of
+	 * the transaction, answers other sessions as the uncommitted row did.
 	 */
 	bool		pending;
 	Datum		ident[3];		/* tenant, scope, key as text */
@@ -301,15 +300,15 @@ typedef struct HeldKey
 	Oid			owner;			/* the role that writes it: the functions' */
 
 	/*
-	 * The transaction gave the reservation up (released it, or completed
-	 * it with a code that releases): the guard no longer counts it.
+	 * The transaction gave the reservation up (released it, or completed it
+	 * with a code that releases): the guard no longer counts it.
 	 */
 	bool		released;
 
 	/*
-	 * What a subtransaction changed (pending, released, token), undone if
-	 * it aborts: the state before the first change each subtransaction
-	 * made, newest first (HeldUndo).
+	 * What a subtransaction changed (pending, released, token), undone if it
+	 * aborts: the state before the first change each subtransaction made,
+	 * newest first (HeldUndo).
 	 */
 	struct HeldUndo *undo;
 } HeldKey;
@@ -356,7 +355,7 @@ static SPIPlanPtr plan_set_expiry = NULL;
 static SPIPlanPtr plan_delete = NULL;
 static SPIPlanPtr plan_checkpoint = NULL;
 static SPIPlanPtr plan_scope = NULL;
-static SPIPlanPtr plan_scope_10 = NULL;	/* before ALTER EXTENSION UPDATE */
+static SPIPlanPtr plan_scope_10 = NULL; /* before ALTER EXTENSION UPDATE */
 static SPIPlanPtr plan_lookup = NULL;
 static SPIPlanPtr plan_count_live = NULL;
 
@@ -396,11 +395,11 @@ idem_keys_init(void)
 							NULL,
 							&idem_default_lock_timeout,
 							5 * 60, 1, INT_MAX,
-							/*
-							 * the caller's value judges other attempts'
-							 * reservations: a session that could lower it
-							 * would take them over
-							 */
+
+	/*
+	 * the caller's value judges other attempts' reservations: a session that
+	 * could lower it would take them over
+	 */
 							PGC_SUSET,
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
@@ -428,7 +427,7 @@ idem_keys_init(void)
 							gettext_noop("-1 means a quarter of the server's lock table, 0 no limit.  Each holds a slot of the shared lock table, which every session needs, until the transaction ends."),
 							&idem_max_keys_per_transaction,
 							-1, -1, INT_MAX,
-							/* a bound one tenant's batch must not lift */
+	/* a bound one tenant's batch must not lift */
 							PGC_SUSET,
 							0,
 							NULL, NULL, NULL);
@@ -452,8 +451,8 @@ keys_relcache_callback(Datum arg, Oid relid)
 	/*
 	 * The table, its primary key (REINDEX CONCURRENTLY gives it a new OID;
 	 * DROP and CREATE EXTENSION new OIDs for everything), the scopes table
-	 * and the reservation type: when any of them changes, look everything
-	 * up again.
+	 * and the reservation type: when any of them changes, look everything up
+	 * again.
 	 */
 	if (relid == InvalidOid || relid == keys_relid)
 		keys_pending_plain = -1;
@@ -579,7 +578,7 @@ keys_ensure_cache(void)
 		typid = keys_type_oid(nsp, "outcome");
 		for (i = 0; i < OUTCOME_COUNT; i++)
 			outcome_oids[i] = i == OUTCOME_RATE_LIMITED ?
-				/* absent until ALTER EXTENSION UPDATE; never answered then */
+			/* absent until ALTER EXTENSION UPDATE; never answered then */
 				GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
 								ObjectIdGetDatum(typid),
 								CStringGetDatum(outcome_labels[i])) :
@@ -1250,8 +1249,8 @@ reserve_wait_lock(LOCKTAG *tag, int timeout_ms)
 		LockTimeout = save_lock_timeout;
 
 		/*
-		 * Hand the lock to the caller's resource owner, as if taken there,
-		 * so that the caller can give it back early with LockRelease.
+		 * Hand the lock to the caller's resource owner, as if taken there, so
+		 * that the caller can give it back early with LockRelease.
 		 */
 		subowner = CurrentResourceOwner;
 		CurrentResourceOwner = oldowner;
@@ -1565,13 +1564,14 @@ keys_fetch(KeyIdent *id, bool latest, KeyRow *row)
 	CommandCounterIncrement();
 	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
 								GetTransactionSnapshot());
+
 	/*
 	 * On Citus, the tenant's shard (citus.c).  In a transaction that may
-	 * write, the table is locked as the write will lock it, before the
-	 * index is: a REINDEX (which holds the table, then waits for each
-	 * index) then waits for this transaction, or this one for it, instead
-	 * of the two deadlocking when the write asks for the table after the
-	 * probe.  Both modes take the fast path and block no other request.
+	 * write, the table is locked as the write will lock it, before the index
+	 * is: a REINDEX (which holds the table, then waits for each index) then
+	 * waits for this transaction, or this one for it, instead of the two
+	 * deadlocking when the write asks for the table after the probe.  Both
+	 * modes take the fast path and block no other request.
 	 */
 	heap = table_open(idem_keys_probe_relid(keys_relid, id->values[0]),
 					  XactReadOnly || RecoveryInProgress() ?
@@ -1701,7 +1701,7 @@ keys_open_plain(LOCKMODE lockmode, bool *colnulls, Relation *heap_out,
 		heap->rd_rel->relam != HEAP_TABLE_AM_OID ||
 		heap->rd_rel->relrowsecurity ||
 		heap->trigdesc != NULL ||
-		/* not relhasrules: it stays set after the last rule is dropped */
+	/* not relhasrules: it stays set after the last rule is dropped */
 		heap->rd_rules != NULL ||
 		(desc->constr != NULL &&
 		 (desc->constr->num_check > 0 || desc->constr->has_generated_stored)))
@@ -1724,6 +1724,7 @@ keys_open_plain(LOCKMODE lockmode, bool *colnulls, Relation *heap_out,
 	list_free(indexes);
 	*rels_out = rels;
 	*nindexes_out = nindexes;
+
 	/*
 	 * A NOT NULL or a default added to a column the row leaves null: the
 	 * INSERT refuses the null or applies the default
@@ -1865,18 +1866,18 @@ held_defer(KeyIdent *id, Datum *values)
 	int			i;
 
 	/*
-	 * Nor while the pending rows are written at commit (code a trigger
-	 * added later in the transaction runs may reserve a key): a key
-	 * entered during the walk might not be visited.
+	 * Nor while the pending rows are written at commit (code a trigger added
+	 * later in the transaction runs may reserve a key): a key entered during
+	 * the walk might not be visited.
 	 */
 	if (XactReadOnly || RecoveryInProgress() || idem_citus_distributed() ||
 		held_flushing)
 		return false;
 
 	/*
-	 * The lock the insert takes, taken now as when the row was inserted
-	 * here: a REINDEX (which locks the table, then each index) waits for
-	 * this transaction rather than holding the table when the row comes.
+	 * The lock the insert takes, taken now as when the row was inserted here:
+	 * a REINDEX (which locks the table, then each index) waits for this
+	 * transaction rather than holding the table when the row comes.
 	 */
 	LockRelationOid(keys_relid, RowExclusiveLock);
 	if (!keys_pending_row_plain())
@@ -2017,8 +2018,8 @@ held_flush_all(void)
 			/*
 			 * A trigger or rule added in this transaction after the key was
 			 * reserved (keys_pending_row_plain keeps new keys from waiting
-			 * when there is one): it cannot run here, after the
-			 * transaction's cursors and deferred triggers are done with.
+			 * when there is one): it cannot run here, after the transaction's
+			 * cursors and deferred triggers are done with.
 			 */
 			if (runs_code)
 			{
@@ -2033,9 +2034,9 @@ held_flush_all(void)
 			}
 
 			/*
-			 * As the key functions run: with their search_path, in a
-			 * snapshot of ours (the portals are closed).  An error aborts
-			 * the transaction, which restores the role and the search path.
+			 * As the key functions run: with their search_path, in a snapshot
+			 * of ours (the portals are closed).  An error aborts the
+			 * transaction, which restores the role and the search path.
 			 */
 			save_nestlevel = idem_pin_search_path();
 			PushActiveSnapshot(GetTransactionSnapshot());
@@ -2168,11 +2169,11 @@ keys_count_live(KeyIdent *id, TimestampTz now, TimestampTz *earliest_expiry,
 	values[2] = TimestampTzGetDatum(now);
 
 	/*
-	 * The mark and the snapshot are taken one right after the other, once
-	 * the plan is ready: a key admitted after the mark is counted twice only
-	 * if it commits between the two, not while the count is planned or
-	 * waits for the CPU.  The snapshot is the latest, not the transaction's:
-	 * under REPEATABLE READ the transaction's snapshot would miss the keys
+	 * The mark and the snapshot are taken one right after the other, once the
+	 * plan is ready: a key admitted after the mark is counted twice only if
+	 * it commits between the two, not while the count is planned or waits for
+	 * the CPU.  The snapshot is the latest, not the transaction's: under
+	 * REPEATABLE READ the transaction's snapshot would miss the keys
 	 * committed since it began, and the tenant would pass its quota.  Not
 	 * read-only: the transaction's own new keys count.
 	 */
@@ -2255,9 +2256,9 @@ reserve_quota_admit(KeyIdent *id, const ScopePolicy *policy, TimestampTz now,
 	 * would count again under the same timeout, and the tenant would get no
 	 * new key at all.  So a query cancel (statement_timeout, a client's
 	 * cancel, pg_cancel_backend) waits until the count is recorded and then
-	 * ends this request (57014); the tenant's next new keys are admitted
-	 * from the count.  pg_terminate_backend is not held back, and an error
-	 * ends the hold (errfinish resets it).
+	 * ends this request (57014); the tenant's next new keys are admitted from
+	 * the count.  pg_terminate_backend is not held back, and an error ends
+	 * the hold (errfinish resets it).
 	 */
 	keys_prepare_count();
 	HOLD_CANCEL_INTERRUPTS();
@@ -2686,8 +2687,8 @@ reserve_check_args(FunctionCallInfo fcinfo, int request_arg,
 	{
 		/*
 		 * idempotency.max_request_size counts the canonical text, known once
-		 * the fingerprint is computed (in reserve_common).  A jsonb takes
-		 * a few times its text at most (four to six for an array of small
+		 * the fingerprint is computed (in reserve_common).  A jsonb takes a
+		 * few times its text at most (four to six for an array of small
 		 * numbers), so one over eight times the limit is refused without
 		 * being read.
 		 */
@@ -2848,6 +2849,7 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg,
 	MemoryContext callcxt = CurrentMemoryContext;
 	Datum		result;
 	long		sleep_ms = 10;
+
 	keys_ident_from_args(fcinfo, &id);
 	reserve_check_args(fcinfo, request_arg, fingerprint_arg, &from_request,
 					   fingerprint, &ttl_arg, &wait_usecs);
@@ -2912,10 +2914,10 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg,
 			 * The lock is busy.  A finished or flagged key is answered from
 			 * its row all the same (the holder may be another retry being
 			 * answered); otherwise the holder's transaction is still open.
-			 * (Waiting for the lock of a key turning stale, most likely
-			 * held for an instant by another retry flagging it, would put
-			 * this call in the lock graph: a session it waits for that
-			 * waits for this transaction would fail with 40P01.)
+			 * (Waiting for the lock of a key turning stale, most likely held
+			 * for an instant by another retry flagging it, would put this
+			 * call in the lock graph: a session it waits for that waits for
+			 * this transaction would fail with 40P01.)
 			 */
 			if (reserve_answer_finished(&id, fingerprint, &lock_timeout,
 										&policy, now, &ans))
@@ -2935,10 +2937,10 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg,
 		}
 
 		/*
-		 * A committed reservation still at work: with time left to wait,
-		 * look again (each statement sees newly committed rows only under
-		 * READ COMMITTED).  Not one this transaction holds: it cannot
-		 * finish while this call waits.
+		 * A committed reservation still at work: with time left to wait, look
+		 * again (each statement sees newly committed rows only under READ
+		 * COMMITTED).  Not one this transaction holds: it cannot finish while
+		 * this call waits.
 		 */
 		if (ans.outcome == OUTCOME_IN_PROGRESS && deadline != 0 && !mine &&
 			!IsolationUsesXactSnapshot() && GetCurrentTimestamp() < deadline)
@@ -3390,6 +3392,7 @@ idem_complete_body(FunctionCallInfo fcinfo)
 	pg_uuid_t  *token = PG_ARGISNULL(6) ? NULL : PG_GETARG_UUID_P(6);
 	bool		retryable = false;
 	Oid			status;
+
 	keys_ident_from_args(fcinfo, &id);
 	keys_check_response(fcinfo, 3, 4, 5);
 	if (PG_NARGS() > 7)
@@ -3398,6 +3401,7 @@ idem_complete_body(FunctionCallInfo fcinfo)
 			idem_null_argument("retryable");
 		retryable = PG_GETARG_BOOL(7);
 	}
+
 	/*
 	 * complete, checkpoint and release write the key's row: in a read-only
 	 * transaction they fail as their UPDATE or DELETE would, also when the
@@ -3499,9 +3503,10 @@ idem_checkpoint_body(PG_FUNCTION_ARGS)
 					6, argtypes, 0);
 	memcpy(values, id.values, sizeof(id.values));
 	values[3] = PG_GETARG_DATUM(3);
+
 	/*
-	 * The attempt is alive now, however long its transaction has run: a
-	 * flag for reconciliation set while it seemed gone is cleared.
+	 * The attempt is alive now, however long its transaction has run: a flag
+	 * for reconciliation set while it seemed gone is cleared.
 	 */
 	values[4] = TimestampTzGetDatum(GetCurrentTimestamp());
 	values[5] = UUIDPGetDatum(token);

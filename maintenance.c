@@ -135,7 +135,7 @@ static const char *sweep_sql = SWEEP_SQL("");
 /* Pages $3 (inclusive) to $4 (exclusive): one scheduled run. */
 static const char *sweep_slice_sql =
 SWEEP_SQL("       AND k.ctid OPERATOR(pg_catalog.>=) $3"
-          "       AND k.ctid OPERATOR(pg_catalog.<) $4");
+		  "       AND k.ctid OPERATOR(pg_catalog.<) $4");
 
 /*
  * Where the scheduled sweep continues, how many pages it may read, and how
@@ -502,7 +502,7 @@ sweep_slices(Oid *argtypes, Datum *values, char *nulls, int64 *total)
 
 	statevalues[0] = Int32GetDatum(IDEM_SWEEP_DEFAULT_PAGES);
 	ret = idem_spi_execute(idem_saved_plan(&sweep_state_plan, sweep_state_sql,
-										 1, statetypes, 0),
+										   1, statetypes, 0),
 						   statevalues, NULL, true, 1);
 	if (ret != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "reading the sweep state failed: %s",
@@ -519,9 +519,9 @@ sweep_slices(Oid *argtypes, Datum *values, char *nulls, int64 *total)
 		next = 0;
 
 	/*
-	 * Under a statement_timeout, read in chunks and stop starting them at
-	 * the deadline (maint_deadline), so that the run ends and moves the
-	 * cursor; the first chunk is always read, so every run advances.
+	 * Under a statement_timeout, read in chunks and stop starting them at the
+	 * deadline (maint_deadline), so that the run ends and moves the cursor;
+	 * the first chunk is always read, so every run advances.
 	 */
 	for (pass = 0; pass < npasses && left > 0 && next < all && !stopped; pass++)
 	{
@@ -543,7 +543,7 @@ sweep_slices(Oid *argtypes, Datum *values, char *nulls, int64 *total)
 			values[3] = sweep_page_tid(upto);
 			idem_citus_enter(pass);
 			ret = idem_spi_execute(idem_saved_plan(&sweep_slice_plan, sweep_slice_sql,
-												 4, argtypes, 0),
+												   4, argtypes, 0),
 								   values, nulls, false, 0);
 			if (ret != SPI_OK_SELECT)
 				elog(ERROR, "sweeping keys failed: %s", SPI_result_code_string(ret));
@@ -621,7 +621,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 		next = sweep_slices(argtypes, values, nulls, &total);
 		advvalues[0] = Int64GetDatum(next);
 		ret = idem_spi_execute(idem_saved_plan(&sweep_advance_plan,
-											 sweep_advance_sql, 1, advtypes, 0),
+											   sweep_advance_sql, 1, advtypes, 0),
 							   advvalues, NULL, false, 0);
 		if (ret != SPI_OK_UPDATE)
 			elog(ERROR, "moving the sweep cursor failed: %s",
@@ -653,7 +653,7 @@ reclaim_batch(ItemPointerData *tids, int ntids)
 												sizeof(ItemPointerData),
 												false, TYPALIGN_SHORT));
 	ret = idem_spi_execute(idem_saved_plan(&reclaim_plan, reclaim_sql,
-										 1, argtypes, 0),
+										   1, argtypes, 0),
 						   values, NULL, false, 0);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "reclaiming outbox leases failed: %s",
@@ -1024,10 +1024,10 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 	dbname = get_database_name(MyDatabaseId);
 
 	maint_require_pg_cron(psprintf("SELECT cron.schedule_in_database(%s, %s, %s, %s);",
-							 quote_literal_cstr(jobname),
-							 quote_literal_cstr(schedule),
-							 quote_literal_cstr(command),
-							 quote_literal_cstr(dbname)));
+								   quote_literal_cstr(jobname),
+								   quote_literal_cstr(schedule),
+								   quote_literal_cstr(command),
+								   quote_literal_cstr(dbname)));
 
 	values[0] = CStringGetTextDatum(jobname);
 	values[1] = CStringGetTextDatum(schedule);
@@ -1039,7 +1039,7 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 	PG_TRY();
 	{
 		ret = idem_spi_execute(idem_saved_plan(&schedule_plan, schedule_sql,
-											 4, argtypes, 0),
+											   4, argtypes, 0),
 							   values, NULL, false, 1);
 	}
 	PG_CATCH();
@@ -1087,13 +1087,13 @@ idem_unschedule_maintenance(PG_FUNCTION_ARGS)
 	/* cron.unschedule deletes the job whatever the transaction */
 	idem_require_writable("idem_unschedule_maintenance()");
 	maint_require_pg_cron(psprintf("SELECT cron.unschedule(%s);",
-							 quote_literal_cstr(jobname)));
+								   quote_literal_cstr(jobname)));
 
 	values[0] = CStringGetTextDatum(jobname);
 
 	idem_spi_connect();
 	ret = idem_spi_execute(idem_saved_plan(&unschedule_plan, unschedule_sql,
-										 1, argtypes, 0),
+										   1, argtypes, 0),
 						   values, NULL, false, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "unscheduling the maintenance job failed: %s",

@@ -631,9 +631,9 @@ static SPIPlanPtr nack_one_plan = NULL;
 #define CLAIM_FILTER_TOPICS 1
 #define CLAIM_FILTER_TENANT 2
 #define CLAIM_ORDERED 4			/* the table has ordering_key (1.1) */
-#define CLAIM_TOKEN_FN 8			/* idempotency.new_lease_token() exists */
-#define CLAIM_ONE_TOPIC 16			/* with CLAIM_FILTER_TOPICS: one topic */
-#define CLAIM_LEASE_IDX 32			/* outbox_lease_idx exists (1.1) */
+#define CLAIM_TOKEN_FN 8		/* idempotency.new_lease_token() exists */
+#define CLAIM_ONE_TOPIC 16		/* with CLAIM_FILTER_TOPICS: one topic */
+#define CLAIM_LEASE_IDX 32		/* outbox_lease_idx exists (1.1) */
 #define OUTBOX_V11(filters) (((filters) & CLAIM_TOKEN_FN) ? 1 : 0)
 
 /* A row locked by outbox_claim, and its place in the result. */
@@ -679,7 +679,7 @@ claimed_row_cmp(const void *a, const void *b)
  */
 #define OUTBOX_HAS_ORDERING 1
 #define OUTBOX_HAS_TOKEN_FN 2
-#define OUTBOX_HAS_LEASE_IDX 4		/* outbox_lease_idx: claim pending rows */
+#define OUTBOX_HAS_LEASE_IDX 4	/* outbox_lease_idx: claim pending rows */
 
 static int	outbox_catalog_known = -1;	/* -1: look it up */
 
@@ -727,7 +727,7 @@ typedef struct OutboxDirect
 } OutboxDirect;
 
 static OutboxDirect outbox_direct = {false};
-static uint64 outbox_direct_invals = 0;	/* counts its invalidations */
+static uint64 outbox_direct_invals = 0; /* counts its invalidations */
 
 /* The table and index outbox_ordering_head last probed (see there). */
 static Oid	ordering_head_heap = InvalidOid;	/* InvalidOid: look up */
@@ -1091,7 +1091,8 @@ typedef struct OrderingHead
 
 typedef struct OrderingHeads
 {
-	OrderingHead first;			/* the first key probed (most claims probe one) */
+	OrderingHead first;			/* the first key probed (most claims probe
+								 * one) */
 	bool		has_first;
 	HTAB	   *heads;			/* the others: created for the second */
 	MemoryContext cxt;
@@ -1284,10 +1285,10 @@ outbox_explain_miss(const char *tenant, int64 id, const char *action,
 	values[1] = Int64GetDatum(id);
 
 	/*
-	 * Under REPEATABLE READ and SERIALIZABLE, the token is the row's lease
-	 * in a transaction that committed after this one's snapshot (the claim
-	 * came from another connection): the update saw the row as it was
-	 * before, which is a serialization failure, not a lost lease.
+	 * Under REPEATABLE READ and SERIALIZABLE, the token is the row's lease in
+	 * a transaction that committed after this one's snapshot (the claim came
+	 * from another connection): the update saw the row as it was before,
+	 * which is a serialization failure, not a lost lease.
 	 */
 	if (token != (Datum) 0 && IsolationUsesXactSnapshot())
 	{
@@ -1308,11 +1309,12 @@ outbox_explain_miss(const char *tenant, int64 id, const char *action,
 	}
 
 	plan = outbox_plan(&status_plan, outbox_status_sql, 2, argtypes);
+
 	/*
 	 * Not read-only: a fresh snapshot (under READ COMMITTED), so that a
 	 * caller that waited for a concurrent ack of the same lease sees what
-	 * that ack did (done, or the row deleted) rather than the row as its
-	 * own statement's snapshot saw it.
+	 * that ack did (done, or the row deleted) rather than the row as its own
+	 * statement's snapshot saw it.
 	 */
 	rc = SPI_execute_plan(plan, values, NULL, false, 1);
 	if (rc != SPI_OK_SELECT)
@@ -1734,7 +1736,10 @@ outbox_enqueue_args(FunctionCallInfo fcinfo, OutboxEnqueueArgs *a)
 
 	if (!PG_ARGISNULL(3))
 	{
-		/* the rule of idempotency keys: it travels in an Idempotency-Key header */
+		/*
+		 * the rule of idempotency keys: it travels in an Idempotency-Key
+		 * header
+		 */
 		idem_check_key(PG_GETARG_TEXT_PP(3));
 		a->key = text_to_cstring(PG_GETARG_TEXT_PP(3));
 	}
@@ -1907,9 +1912,9 @@ idem_outbox_enqueue_body(FunctionCallInfo fcinfo)
 
 	/*
 	 * On Citus the id comes from the sequence of the node that holds the
-	 * tenant's shard: a call Citus did not delegate there (nested in a
-	 * block or a function of the caller's) is refused, as the key
-	 * functions refuse it, rather than given an id of another node's
+	 * tenant's shard: a call Citus did not delegate there (nested in a block
+	 * or a function of the caller's) is refused, as the key functions refuse
+	 * it, rather than given an id of another node's
 	 */
 	if (idem_citus_distributed())
 		(void) idem_keys_probe_relid(get_relname_relid("keys",
@@ -2154,11 +2159,11 @@ outbox_claim_lock(int32 batch, Datum topics, const char *tenant, bool expired)
 	}
 
 	/*
-	 * The generic plan prices "LIMIT $1" at a tenth of the backlog, which
-	 * on a backlog of some hundred thousand rows passes jit_above_cost: JIT
-	 * would then compile the statement's expressions on every claim, tens
-	 * of milliseconds for a statement that reads "batch" rows.  Plan (the
-	 * plan cache may re-plan here) and run it with jit off.
+	 * The generic plan prices "LIMIT $1" at a tenth of the backlog, which on
+	 * a backlog of some hundred thousand rows passes jit_above_cost: JIT
+	 * would then compile the statement's expressions on every claim, tens of
+	 * milliseconds for a statement that reads "batch" rows.  Plan (the plan
+	 * cache may re-plan here) and run it with jit off.
 	 */
 	save_nestlevel = NewGUCNestLevel();
 	(void) set_config_option("jit", "off", PGC_USERSET, PGC_S_SESSION,
@@ -2437,8 +2442,8 @@ idem_outbox_claim_body(FunctionCallInfo fcinfo)
 	for (pass = 0; pass < npasses && batch > 0; pass++)
 	{
 		/*
-		 * On Citus, the local shards one after the other, until the batch
-		 * is full: SKIP LOCKED works within a shard (citus.c).
+		 * On Citus, the local shards one after the other, until the batch is
+		 * full: SKIP LOCKED works within a shard (citus.c).
 		 */
 		Datum		topics = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
 
@@ -2447,10 +2452,9 @@ idem_outbox_claim_body(FunctionCallInfo fcinfo)
 		/*
 		 * Expired leases first (1.1): each is leased again with its lost
 		 * attempt counted, or dead-lettered when that was its last; rows
-		 * dead-lettered leave their places to the next expired leases,
-		 * until none is left or the batch is full.  Each round either
-		 * fills the batch, finds none, or dead-letters rows for good, so
-		 * the loop ends.
+		 * dead-lettered leave their places to the next expired leases, until
+		 * none is left or the batch is full.  Each round either fills the
+		 * batch, finds none, or dead-letters rows for good, so the loop ends.
 		 */
 		while (batch > 0)
 		{
@@ -2487,10 +2491,10 @@ idem_outbox_claim_body(FunctionCallInfo fcinfo)
 			/*
 			 * (1.0, which locks expired leases with the pending rows.) Rows
 			 * whose expired lease used up their last attempt became dead
-			 * instead of being leased: look again for due rows to take
-			 * their places, so that an empty result means nothing is due.
-			 * Each pass either fills the batch, finds nothing, or
-			 * dead-letters rows for good, so the loop ends.
+			 * instead of being leased: look again for due rows to take their
+			 * places, so that an empty result means nothing is due. Each pass
+			 * either fills the batch, finds nothing, or dead-letters rows for
+			 * good, so the loop ends.
 			 */
 			if (ndead == 0)
 				break;
@@ -2543,9 +2547,9 @@ idem_outbox_claim(PG_FUNCTION_ARGS)
  * and only in a transaction that may write.  Anything else goes through
  * the SPI statement.
  */
-#define OUTBOX_ACK_NO_DIRECT 0		/* use the SPI statement */
+#define OUTBOX_ACK_NO_DIRECT 0	/* use the SPI statement */
 #define OUTBOX_ACK_DONE 1
-#define OUTBOX_ACK_MISS 2			/* no row passed the fence */
+#define OUTBOX_ACK_MISS 2		/* no row passed the fence */
 
 /*
  * Whether the table has a generated column (a DBA's): stored ones are
@@ -2657,7 +2661,7 @@ outbox_direct_check(Relation heap)
 		outbox_direct.done_at != InvalidAttrNumber &&
 		outbox_direct.provider_ref != InvalidAttrNumber &&
 		outbox_direct.lease_until != InvalidAttrNumber &&
-		/* a DBA's NOT NULL on a column the ack may set to null */
+	/* a DBA's NOT NULL on a column the ack may set to null */
 		!TupleDescAttr(desc, outbox_direct.provider_ref - 1)->attnotnull &&
 		!TupleDescAttr(desc, outbox_direct.lease_until - 1)->attnotnull &&
 		OidIsValid(outbox_direct.pkey) &&
@@ -2666,7 +2670,7 @@ outbox_direct_check(Relation heap)
 		!heap->rd_rel->relispartition &&
 		!heap->rd_rel->relrowsecurity &&
 		heap->trigdesc == NULL &&
-		/* not relhasrules: it stays set after the last rule is dropped */
+	/* not relhasrules: it stays set after the last rule is dropped */
 		heap->rd_rules == NULL &&
 		!outbox_has_generated(desc) &&
 		!OidIsValid(get_relname_relid("pg_dist_partition",
@@ -2685,8 +2689,8 @@ outbox_direct_check(Relation heap)
 	}
 
 	/*
-	 * outbox_claim_direct: the columns it reads and sets, and its indexes;
-	 * a CHECK constraint on a column it sets leaves claims to the executor
+	 * outbox_claim_direct: the columns it reads and sets, and its indexes; a
+	 * CHECK constraint on a column it sets leaves claims to the executor
 	 */
 	outbox_direct.claim_usable = usable &&
 		outbox_direct.leased_by != InvalidAttrNumber &&
@@ -3234,8 +3238,8 @@ outbox_claim_direct(const char *worker, Interval *lease, Datum topics,
 	/*
 	 * A topic and a tenant (named, bound, or idempotency.tenant): either
 	 * index would read the other's backlog (the tenant's due rows of other
-	 * topics, or the topic's of other tenants); the statement's planner
-	 * picks the smaller.
+	 * topics, or the topic's of other tenants); the statement's planner picks
+	 * the smaller.
 	 */
 	if (topics != (Datum) 0 && tenant != NULL)
 		return OUTBOX_CLAIM_NO_DIRECT;

@@ -307,12 +307,12 @@ idem_rate_admit(const char *tenant, const char *scope, double per_second,
 
 	/*
 	 * tat was set under the scope's rate and burst as they were: after
-	 * idem_configure_scope changed either, the pair starts over with a
-	 * full burst under the new ones (as when the table is emptied), so that
-	 * a raised rate lifts a limit in force at once, instead of the tenant
-	 * waiting out what it owed under the old rate.  Backends that still
-	 * hold the old policy (until their next command) may reset it again:
-	 * at most a few bursts more, never fewer keys.
+	 * idem_configure_scope changed either, the pair starts over with a full
+	 * burst under the new ones (as when the table is emptied), so that a
+	 * raised rate lifts a limit in force at once, instead of the tenant
+	 * waiting out what it owed under the old rate.  Backends that still hold
+	 * the old policy (until their next command) may reset it again: at most a
+	 * few bursts more, never fewer keys.
 	 */
 	if (pg_atomic_read_u64(&entry->rate) != signature)
 	{
@@ -460,9 +460,8 @@ idem_quota_admit(const char *tenant, const char *scope, int64 max_live,
 
 		/*
 		 * Another backend counts: wait for its idem_quota_recounted.  The
-		 * first call only puts this backend on the wait list and returns,
-		 * and the timeout covers a count that fails; interrupts are
-		 * served.
+		 * first call only puts this backend on the wait list and returns, and
+		 * the timeout covers a count that fails; interrupts are served.
 		 */
 		(void) ConditionVariableTimedSleep(&rate_state->counted,
 										   COUNT_WAIT_MS,
@@ -515,13 +514,13 @@ idem_quota_recounted(const char *tenant, const char *scope, int64 max_live,
 	pg_atomic_write_u64(&entry->recount_at, (uint64) (now + RECOUNT_INTERVAL));
 
 	/*
-	 * The count cannot see the keys admitted while it ran (their
-	 * transactions had not committed): add the admissions since "mark", so
-	 * that a slow count does not hand their room out again.  A key admitted
-	 * concurrently with this write adds to "admitted" before it adds to
-	 * "live", so it is either in "seen" or makes the loop write again.  A
-	 * key that committed before the count's snapshot is counted twice,
-	 * which errs on the side of the quota until the next count.
+	 * The count cannot see the keys admitted while it ran (their transactions
+	 * had not committed): add the admissions since "mark", so that a slow
+	 * count does not hand their room out again.  A key admitted concurrently
+	 * with this write adds to "admitted" before it adds to "live", so it is
+	 * either in "seen" or makes the loop write again.  A key that committed
+	 * before the count's snapshot is counted twice, which errs on the side of
+	 * the quota until the next count.
 	 */
 	do
 	{

@@ -225,8 +225,8 @@ idem_stats_init(void)
 
 	/*
 	 * A PGC_POSTMASTER variable can only be created while the server starts
-	 * (a backend loading the library later gets a FATAL error); it only
-	 * sizes the shared memory that exists in that case anyway.
+	 * (a backend loading the library later gets a FATAL error); it only sizes
+	 * the shared memory that exists in that case anyway.
 	 */
 	DefineCustomIntVariable("idempotency.stats_max_entries",
 							gettext_noop("Number of (tenant, scope) pairs whose counters are kept in shared memory."),
@@ -795,9 +795,9 @@ idem_stats_load(void)
 		{
 			/*
 			 * A long name an older version cut at 127 bytes: the whole name
-			 * its short form hashes is lost (and the postmaster does not
-			 * know the database's encoding to cut it again), so its counts
-			 * go to "(other)" (an invalid database, below).
+			 * its short form hashes is lost (and the postmaster does not know
+			 * the database's encoding to cut it again), so its counts go to
+			 * "(other)" (an invalid database, below).
 			 */
 		}
 		else
@@ -1023,9 +1023,9 @@ idem_stats(PG_FUNCTION_ARGS)
 
 		/*
 		 * A tenant and scope an application named "(other)" count into the
-		 * overflow row, which has their name: two rows with the same
-		 * labels would be one pair to a reader, and break an exporter
-		 * that keys its series by them.
+		 * overflow row, which has their name: two rows with the same labels
+		 * would be one pair to a reader, and break an exporter that keys its
+		 * series by them.
 		 */
 		if (bound == NULL &&
 			strcmp(entry->key.tenant, IDEM_STATS_OTHER) == 0 &&

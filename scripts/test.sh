@@ -26,6 +26,10 @@ bash "$top/scripts/fuzz-deps.sh"
 bash "$top/clients/deps.sh"
 # prometheus-postgres-exporter and promtool (t/070_monitoring.pl)
 bash "$top/examples/monitoring/deps.sh"
+if [ "$PG" = 18 ]; then
+    phase "checking the C files' layout (pgindent)"
+    CHECK=1 OPTIONAL=1 bash "$top/scripts/pgindent.sh"
+fi
 phase "building the extension"
 stage_tree "$top"
 echo "test: building in $WORK against $("$PG_CONFIG" --version)"
