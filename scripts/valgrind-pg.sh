@@ -58,9 +58,12 @@ cd "$srcdir"
     ./configure --prefix="$prefix" --enable-debug --enable-cassert \
         --with-openssl --without-readline --without-icu --without-zlib \
         CFLAGS="-Og -g -fno-omit-frame-pointer" CPPFLAGS="-DUSE_VALGRIND"
-    nice -n 10 make -s -j"$(nproc)"
-    make -s install
-    nice -n 10 make -s -C contrib/pgcrypto install
+    # without the make variables of "make check-valgrind": PostgreSQL's
+    # build generates its headers first only in a top-level make
+    # (MAKELEVEL 0)
+    nice -n 10 env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS make -s -j"$(nproc)"
+    env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS make -s install
+    nice -n 10 env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS make -s -C contrib/pgcrypto install
 } > "$cache/build.log" 2>&1 || { tail -n 40 "$cache/build.log" >&2; exit 1; }
 chmod -R a+rX "$prefix"
 echo "$version" > "$stamp"
