@@ -101,8 +101,8 @@ SELECT c.oid::pg_catalog.regclass AS table_name,
        HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 0) AS g ON true
  WHERE c.relkind OPERATOR(pg_catalog.=) ANY ('{r,p,f}'::pg_catalog."char"[])
    AND n.nspname OPERATOR(pg_catalog.<>) ALL ('{pg_catalog,information_schema,pg_toast,idempotency}'::pg_catalog.name[])
-   AND n.nspname::pg_catalog.text NOT LIKE 'pg\_temp\_%'
-   AND n.nspname::pg_catalog.text NOT LIKE 'pg\_toast\_temp\_%'
+   AND NOT pg_catalog.starts_with(n.nspname::pg_catalog.text, 'pg_temp_')
+   AND NOT pg_catalog.starts_with(n.nspname::pg_catalog.text, 'pg_toast_temp_')
    AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d
                     WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
                       AND d.objid OPERATOR(pg_catalog.=) c.oid

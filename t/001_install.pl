@@ -82,5 +82,34 @@ for my $version ('1.1', '1.0')
 			connstr => $as->('api_dba')) // '',
 		'', "SCHEMA api ($version): the operator runs maintenance");
 }
+# created (or updated from 1.0) where standard_conforming_strings is off,
+# a database's legacy setting: the install script's literals mean what they
+# say, and guard_coverage lists a table whose schema looks like a
+# temporary one ("pg-temp-billing") as it does elsewhere
+for my $version ('1.1', '1.0')
+{
+	my $db = 'legacy' . ($version =~ s/\.//r);
+	$node->safe_psql('postgres', "CREATE DATABASE $db");
+	$node->safe_psql('postgres',
+		"ALTER DATABASE $db SET standard_conforming_strings = off");
+	my ($stdout, $stderr);
+	$node->psql($db, "CREATE EXTENSION idempotency VERSION '$version'",
+		stdout => \$stdout, stderr => \$stderr, on_error_die => 1);
+	$node->psql($db, 'ALTER EXTENSION idempotency UPDATE',
+		stdout => \$stdout, stderr => \my $update_stderr, on_error_die => 1)
+	  if $version eq '1.0';
+	is($stderr . ($update_stderr // ''), '',
+		"standard_conforming_strings off ($version): installed without a warning");
+	$node->safe_psql($db, q{
+		CREATE SCHEMA "pg-temp-billing";
+		CREATE TABLE "pg-temp-billing".charges (id int);
+		CREATE SCHEMA pgXtempXledger;
+		CREATE TABLE pgXtempXledger.entries (id int)});
+	is($node->safe_psql($db,
+			'SELECT string_agg(table_name::text, \',\' ORDER BY table_name::text)'
+			  . ' FROM idempotency.guard_coverage WHERE NOT guarded'),
+		'"pg-temp-billing".charges,pgxtempxledger.entries',
+		"standard_conforming_strings off ($version): guard_coverage lists every table");
+}
 $node->stop;
 done_testing();
