@@ -85,6 +85,7 @@ as_postgres() {
     if [ "$(id -u)" -eq 0 ]; then
         runuser -u postgres -- env PATH="$PATH" HOME=/var/lib/postgresql \
             PG="$PG" PG_CONFIG="$PG_CONFIG" IDEM_DESTDIR="${IDEM_DESTDIR:-}" \
+            IDEM_UPGRADE_FROM="${IDEM_UPGRADE_FROM:-}" \
             FUZZ_SEED="${FUZZ_SEED:-}" FUZZ_DOCS="${FUZZ_DOCS:-}" \
             FUZZ_CALLS="${FUZZ_CALLS:-}" FUZZ_VERBOSE="${FUZZ_VERBOSE:-}" ${PGPORT:+PGPORT="$PGPORT"} "$@"
     else

@@ -32,6 +32,19 @@ if [ "$PG" = 18 ]; then
 fi
 phase "building the extension"
 stage_tree "$top"
+if [ "$PG" = 18 ] && [ -f "$IDEM_PG_CACHE/postgresql-17/.complete" ]; then
+    # t/016_pg_upgrade upgrades from PostgreSQL 17 when it is built (make
+    # test PG=17 builds it), with this extension installed there too
+    from=$IDEM_PG_CACHE/postgresql-17
+    echo "test: installing the extension into $from as well, for t/016_pg_upgrade"
+    as_postgres make -C "$WORK" -s PG_CONFIG="$from/bin/pg_config" clean >/dev/null
+    as_postgres make -C "$WORK" -s PG_CONFIG="$from/bin/pg_config" \
+        COPT="-Wall -Wextra -Werror -isystem $("$from/bin/pg_config" --includedir-server)"
+    make -C "$WORK" -s PG_CONFIG="$from/bin/pg_config" install >/dev/null
+    export IDEM_UPGRADE_FROM=$from
+elif [ "$PG" = 18 ]; then
+    echo "test: PostgreSQL 17 is not built here: t/016_pg_upgrade upgrades between two clusters of 18"
+fi
 echo "test: building in $WORK against $("$PG_CONFIG" --version)"
 # -isystem keeps PostgreSQL's own headers out of -Wextra's reach.
 build_and_install "-Wall -Wextra -Werror -isystem $("$PG_CONFIG" --includedir-server)"
