@@ -10,11 +10,14 @@
 #     that otherwise stores server errors): the client is answered 503, its
 #     retry runs afresh and succeeds, later retries replay that success,
 #     and the provider authorized once; a declined card (402) is stored and
-#     replayed without calling the provider again.
+#     replayed without calling the provider again;
+#   - every pooled connection busy: a request waits PAYMENTS_POOL_WAIT for
+#     one, once, then is answered 503 with nothing reserved or charged.
 use strict;
 use warnings;
 use HTTP::Tiny;
 use JSON::PP;
+use POSIX ();
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -57,6 +60,7 @@ for my $mode (qw(pipelined unpipelined))
 			  . ' user=payments_service sslmode=disable gssencmode=disable',
 			PAYMENTS_PORT => $port,
 			PAYMENTS_POOL_SIZE => 1,
+			PAYMENTS_POOL_WAIT => 2,
 			PAYMENTS_PIPELINE => $mode eq 'pipelined' ? 1 : 0,
 			PAYMENTS_PROVIDER_TIMEOUT => 1,
 			PROVIDER_URL => $provider_url
@@ -203,6 +207,42 @@ like($again->{headers}{'content-type'}, qr{application/problem\+json},
 	'declined card: ... still problem+json');
 is(ledger($provider_url)->{authorization_calls}{'acme:charges:declined-1'},
 	1, 'declined card: the provider was called once');
+
+# every pooled connection busy: the pipelined service's one connection is
+# held by a charge whose insert waits on a lock; another request waits
+# PAYMENTS_POOL_WAIT (2 s) for a connection, once, and is answered 503
+my $locker = $node->background_psql('postgres');
+$locker->query_safe('BEGIN; LOCK TABLE payments.charges IN EXCLUSIVE MODE');
+my $holder = fork();
+die "fork: $!" unless defined $holder;
+if ($holder == 0)
+{
+	my $h = post_charge('pipelined', 'pool-holder',
+		{ amount => 40, currency => 'EUR', customer => 'cus_1' });
+	# _exit: the child must not run the test's END blocks (which stop
+	# the node)
+	POSIX::_exit($h->{status} == 201 ? 0 : 1);
+}
+ok( $node->poll_query_until('postgres', q{
+	SELECT count(*) > 0 FROM pg_stat_activity
+	 WHERE usename = 'payments_service' AND wait_event_type = 'Lock'}),
+	'pool exhausted: the one pooled connection waits inside a charge');
+my $started = time();
+my $busy = post_charge('pipelined', 'pool-busy',
+	{ amount => 41, currency => 'EUR', customer => 'cus_1' });
+my $waited = time() - $started;
+is($busy->{status}, 503, 'pool exhausted: 503');
+ok(defined $busy->{headers}{'retry-after'}, 'pool exhausted: with Retry-After');
+note(sprintf('pool exhausted: answered after %.2f s', $waited));
+# twice PAYMENTS_POOL_WAIT (4 s) when the timeout was taken for a lost
+# connection and waited out again
+ok($waited >= 1.9 && $waited < 3.5,
+	'pool exhausted: answered after one PAYMENTS_POOL_WAIT (2 s), not two');
+is(key_state('pool-busy'), 'none charges=0', 'pool exhausted: nothing reserved or charged');
+$locker->query_safe('COMMIT');
+$locker->quit;
+waitpid($holder, 0);
+is($?, 0, 'the charge that held the connection then goes through (201)');
 
 $node->stop;
 done_testing();

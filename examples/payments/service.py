@@ -281,6 +281,10 @@ def connection_lost(e):
     failed.  psycopg files some errors of the request under
     OperationalError too (54000 request too large, 40001 serialization
     failure): those are answered, not retried."""
+    if isinstance(e, PoolTimeout):
+        # no connection within PAYMENTS_POOL_WAIT: the pool is busy, not
+        # broken; waiting again would double the wait before the 503
+        return False
     state = e.sqlstate
     return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
