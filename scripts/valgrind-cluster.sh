@@ -76,8 +76,18 @@ suite() {
     echo "check-valgrind: $name took $((SECONDS - t0)) s"
 }
 
-regress_args=()
-[ -n "${VALGRIND_REGRESS:-}" ] && regress_args=(REGRESS="$VALGRIND_REGRESS")
+# Every regression test but those whose expected output counts on work
+# finishing within a statement_timeout, which a server some 30 times slower
+# does not meet (they are named with VALGRIND_REGRESS to run them anyway).
+VALGRIND_SKIP_REGRESS="outbox_lease_deadline"
+if [ -z "${VALGRIND_REGRESS:-}" ]; then
+    VALGRIND_REGRESS=$(cd sql && for f in *.sql; do
+        t=${f%.sql}
+        case " $VALGRIND_SKIP_REGRESS " in *" $t "*) ;; *) echo "$t" ;; esac
+    done | LC_ALL=C sort | tr '\n' ' ')
+    echo "check-valgrind: leaving out $VALGRIND_SKIP_REGRESS (bound by a statement_timeout)"
+fi
+regress_args=(REGRESS="$VALGRIND_REGRESS")
 isolation_args=()
 [ "${VALGRIND_ISOLATION-all}" != all ] && isolation_args=(ISOLATION="$VALGRIND_ISOLATION")
 
