@@ -266,6 +266,21 @@ static const char *const keys_att_names[KEYS_ATT_COUNT] = {
 	"tenant_id", "scope", "idem_key", "created_at", "completed_at"
 };
 static AttrNumber keys_attnum[KEYS_ATT_COUNT];
+
+/*
+ * Their types as the extension creates them (InvalidOid: idempotency.status).
+ * The functions read the columns by these types, and keys_insert_row
+ * forms rows of them: a column of another type sends new rows through an
+ * INSERT (which converts and checks the values), and one that is not
+ * stored as this type is refused.
+ */
+static const Oid keys_att_types[KEYS_ATT_COUNT] = {
+	BYTEAOID, InvalidOid, UUIDOID, TIMESTAMPTZOID, TEXTOID,
+	INT4OID, JSONBOID, JSONBOID,
+	BOOLOID, TIMESTAMPTZOID,
+	TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID
+};
+static bool keys_types_exact = false;	/* every column of its own type */
 static Oid	reservation_relid = InvalidOid;
 
 /*
@@ -477,6 +492,44 @@ idem_enum_label_oid(Oid typid, const char *label)
 	return oid;
 }
 
+/*
+ * The types of the columns of idempotency.keys (keys_att_types; "status"
+ * the type idempotency.status): keys_types_exact when each is its own,
+ * without a type modifier; an error when one is not stored as its type
+ * (a domain over it, or varchar for text, is: the functions read it alike).
+ */
+static void
+keys_check_column_types(Oid status_type)
+{
+	keys_types_exact = true;
+	for (int i = 0; i < KEYS_ATT_COUNT; i++)
+	{
+		Oid			expected = OidIsValid(keys_att_types[i]) ?
+			keys_att_types[i] : status_type;
+		Oid			typid;
+		int32		typmod;
+		Oid			collid;
+		Oid			base;
+
+		get_atttypetypmodcoll(keys_relid, keys_attnum[i], &typid, &typmod,
+							  &collid);
+		if (typid != expected || typmod != -1)
+			keys_types_exact = false;
+		base = getBaseType(typid);
+		if (base != expected && !(expected == TEXTOID && base == VARCHAROID))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("column \"%s\" of table idempotency.keys has type %s, not %s",
+							keys_att_names[i], format_type_be(typid),
+							format_type_be(expected)),
+					 errdetail("The extension's functions read and write the column as %s.",
+							   format_type_be(expected)),
+					 errhint("Change it back: ALTER TABLE idempotency.keys ALTER COLUMN %s TYPE %s.",
+							 quote_identifier(keys_att_names[i]),
+							 format_type_be_qualified(expected))));
+	}
+}
+
 static Oid
 keys_type_oid(Oid nsp, const char *name)
 {
@@ -586,6 +639,7 @@ keys_ensure_cache(void)
 		typid = keys_type_oid(nsp, "status");
 		for (i = 0; i < STATUS_COUNT; i++)
 			status_oids[i] = idem_enum_label_oid(typid, status_labels[i]);
+		keys_check_column_types(typid);
 
 		typid = keys_type_oid(nsp, "reservation");
 		reservation_relid = get_typ_typrelid(typid);
@@ -1696,7 +1750,7 @@ keys_open_plain(LOCKMODE lockmode, bool *colnulls, Relation *heap_out,
 	for (i = 0; i < desc->natts; i++)
 		if (!TupleDescAttr(desc, i)->attisdropped)
 			natts++;
-	if (natts != KEYS_ATT_COUNT ||
+	if (natts != KEYS_ATT_COUNT || !keys_types_exact ||
 		heap->rd_rel->relkind != RELKIND_RELATION ||
 		heap->rd_rel->relam != HEAP_TABLE_AM_OID ||
 		heap->rd_rel->relrowsecurity ||
@@ -2847,6 +2901,8 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg,
 	TimestampTz deadline = 0;
 	ReserveAnswer ans;
 	MemoryContext callcxt = CurrentMemoryContext;
+	MemoryContext spicxt;
+	MemoryContext trycxt = NULL;
 	Datum		result;
 	long		sleep_ms = 10;
 
@@ -2856,6 +2912,7 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg,
 
 	keys_ensure_cache();
 	idem_spi_connect();
+	spicxt = CurrentMemoryContext;
 
 	keys_scope_policy(id.scope, &policy, true);
 	if (from_request)
@@ -2946,10 +3003,23 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg,
 			!IsolationUsesXactSnapshot() && GetCurrentTimestamp() < deadline)
 		{
 			reserve_sleep(deadline, &sleep_ms);
+
+			/*
+			 * Each further look in a memory context of its own, emptied
+			 * before the next: a wait may last a day, some ten looks a
+			 * second.  The last look's answer stays in it until SPI_finish.
+			 */
+			if (trycxt == NULL)
+				trycxt = AllocSetContextCreate(spicxt, "idempotency reserve wait",
+											   ALLOCSET_SMALL_SIZES);
+			else
+				MemoryContextReset(trycxt);
+			MemoryContextSwitchTo(trycxt);
 			continue;
 		}
 		break;
 	}
+	MemoryContextSwitchTo(spicxt);
 
 	reserve_count(&id, ans.outcome);
 	if (ans.outcome == OUTCOME_CREATED && !ans.held)
@@ -3576,6 +3646,12 @@ idem_lookup_body(PG_FUNCTION_ARGS)
 	keys_ident_from_args(fcinfo, &id);
 	InitMaterializedSRF(fcinfo, 0);
 
+	/*
+	 * The cache first: a reservation held in a keys table dropped since (the
+	 * extension dropped and created again in this transaction) is forgotten,
+	 * not written into the dropped table
+	 */
+	keys_ensure_cache();
 	idem_spi_connect();
 	flushed = held_flush_key(&id);
 	idem_saved_plan(&plan_lookup,

@@ -2599,6 +2599,23 @@ outbox_direct_claim_index(Relation heap, const char *name, const char *col1,
 }
 
 /*
+ * Whether column "attnum" of "desc" is of type "typid" itself: not a domain
+ * over it, without a type modifier.  A column the direct paths read or set
+ * that a DBA gave another type sends them to the statements, which convert
+ * and check the values (length, domain constraints) as an UPDATE does.
+ */
+static bool
+outbox_attr_typed(TupleDesc desc, AttrNumber attnum, Oid typid)
+{
+	Form_pg_attribute att;
+
+	if (attnum == InvalidAttrNumber)
+		return false;
+	att = TupleDescAttr(desc, attnum - 1);
+	return att->atttypid == typid && att->atttypmod == -1;
+}
+
+/*
  * Whether the ack may update "heap" (idempotency.outbox, opened) directly;
  * fills outbox_direct, with what inserting a new version into each index
  * needs (its IndexInfo and prepared predicate), kept until the next
@@ -2661,6 +2678,13 @@ outbox_direct_check(Relation heap)
 		outbox_direct.done_at != InvalidAttrNumber &&
 		outbox_direct.provider_ref != InvalidAttrNumber &&
 		outbox_direct.lease_until != InvalidAttrNumber &&
+	/* the types the ack reads and writes */
+		outbox_attr_typed(desc, outbox_direct.lease_token, UUIDOID) &&
+		outbox_attr_typed(desc, outbox_direct.done_at, TIMESTAMPTZOID) &&
+		outbox_attr_typed(desc, outbox_direct.provider_ref, TEXTOID) &&
+		outbox_attr_typed(desc, outbox_direct.lease_until, TIMESTAMPTZOID) &&
+		get_typtype(TupleDescAttr(desc, outbox_direct.status - 1)->atttypid) == TYPTYPE_ENUM &&
+		TupleDescAttr(desc, outbox_direct.status - 1)->atttypmod == -1 &&
 	/* a DBA's NOT NULL on a column the ack may set to null */
 		!TupleDescAttr(desc, outbox_direct.provider_ref - 1)->attnotnull &&
 		!TupleDescAttr(desc, outbox_direct.lease_until - 1)->attnotnull &&
@@ -2693,11 +2717,12 @@ outbox_direct_check(Relation heap)
 	 * CHECK constraint on a column it sets leaves claims to the executor
 	 */
 	outbox_direct.claim_usable = usable &&
-		outbox_direct.leased_by != InvalidAttrNumber &&
-		outbox_direct.available_at != InvalidAttrNumber &&
-		outbox_direct.tenant_id != InvalidAttrNumber &&
-		outbox_direct.id != InvalidAttrNumber &&
-		outbox_direct.ordering_key != InvalidAttrNumber &&
+		outbox_attr_typed(desc, outbox_direct.leased_by, TEXTOID) &&
+		outbox_attr_typed(desc, outbox_direct.available_at, TIMESTAMPTZOID) &&
+		outbox_attr_typed(desc, outbox_direct.tenant_id, TEXTOID) &&
+		outbox_attr_typed(desc, outbox_direct.topic, TEXTOID) &&
+		outbox_attr_typed(desc, outbox_direct.id, INT8OID) &&
+		outbox_attr_typed(desc, outbox_direct.ordering_key, TEXTOID) &&
 		OidIsValid(outbox_direct.claim_idx) &&
 		OidIsValid(outbox_direct.topic_claim_idx) &&
 		OidIsValid(outbox_direct.tenant_claim_idx);

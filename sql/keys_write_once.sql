@@ -329,6 +329,32 @@ SELECT idem_complete('wo_a', 'orders', 'col-1', 201, '{}');
 COMMIT;
 SELECT idem_key, wo_region FROM idempotency.keys WHERE tenant_id = 'wo_a' AND idem_key = 'col-1';
 ALTER TABLE idempotency.keys DROP COLUMN wo_region;
+-- a column a DBA gave another type: a domain over the column's type (or
+-- varchar for text) is read as that type, and a new key's row goes
+-- through an INSERT at the reservation, which converts and checks it
+-- (23514, 22001) instead of being formed directly (which stored what the
+-- domain refuses); a type stored otherwise (bigint for int) is refused by
+-- every call (55000), nothing written, until it is changed back
+CREATE DOMAIN wo_short_key AS text CHECK (length(VALUE) <= 200);
+ALTER TABLE idempotency.keys ALTER COLUMN idem_key TYPE wo_short_key COLLATE pg_catalog."C";
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'dom-1', '{"amount": 30}'::jsonb);
+SELECT idem_complete('wo_a', 'orders', 'dom-1', 201, '{"id": 30}');
+COMMIT;
+SELECT outcome, response_body FROM idem_reserve('wo_a', 'orders', 'dom-1', '{"amount": 30}'::jsonb);
+SELECT pg_temp.sqlstate($$SELECT idem_reserve('wo_a', 'orders', repeat('d', 210), '{"amount": 31}'::jsonb)$$);
+ALTER TABLE idempotency.keys ALTER COLUMN idem_key TYPE varchar(200) COLLATE pg_catalog."C";
+SELECT pg_temp.sqlstate($$SELECT idem_reserve('wo_a', 'orders', repeat('v', 210), '{"amount": 32}'::jsonb)$$);
+SELECT outcome, response_body FROM idem_reserve('wo_a', 'orders', 'dom-1', '{"amount": 30}'::jsonb);
+ALTER TABLE idempotency.keys ALTER COLUMN idem_key TYPE text COLLATE pg_catalog."C";
+DROP DOMAIN wo_short_key;
+SELECT count(*) AS too_long_rows FROM idempotency.keys WHERE length(idem_key) > 200;
+ALTER TABLE idempotency.keys ALTER COLUMN response_code TYPE bigint;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'big-1', '{"amount": 33}'::jsonb);
+SELECT pg_temp.sqlstate($$SELECT idem_lookup('wo_a', 'orders', 'dom-1')$$);
+ALTER TABLE idempotency.keys ALTER COLUMN response_code TYPE int;
+SELECT count(*) AS big_rows FROM idempotency.keys WHERE idem_key = 'big-1';
+SELECT outcome, response_body FROM idem_reserve('wo_a', 'orders', 'dom-1', '{"amount": 30}'::jsonb);
 CREATE INDEX wo_lower_idx ON idempotency.keys (pg_catalog.lower(idem_key));
 CREATE INDEX wo_failed_idx ON idempotency.keys (idem_key) WHERE status = 'failed';
 BEGIN;

@@ -293,4 +293,31 @@ SELECT (payload->>'n')::int AS n, status FROM idempotency.outbox
  WHERE tenant_id = 'obx_ap' ORDER BY id;
 RESET idempotency.outbox_retention;
 
+-- provider_ref given another type by a DBA (varchar(n), a domain): the ack
+-- goes through the statement, which converts and checks the value (22001,
+-- 23514) as an UPDATE does, where the direct ack stored it unchecked; the
+-- table as made acks directly again
+SELECT count(outbox_enqueue('obx_ty', 'obx.ty', jsonb_build_object('n', n)))
+  FROM generate_series(1, 3) n;
+CREATE TEMP TABLE tylease AS
+SELECT tenant_id, id, lease_token, (payload->>'n')::int AS n
+  FROM outbox_claim('w', 3, '1 minute', tenant => 'obx_ty');
+ALTER TABLE idempotency.outbox ALTER COLUMN provider_ref TYPE varchar(64);
+SELECT pg_temp.outbox_error(format('SELECT outbox_ack(%L, %s, %L, %L)', tenant_id,
+                                   id, lease_token, repeat('r', 70)))
+  FROM tylease WHERE n = 1;
+SELECT outbox_ack(tenant_id, id, lease_token, 'ch_1') FROM tylease WHERE n = 1;
+CREATE DOMAIN obx_ty_ref AS text CHECK (VALUE NOT LIKE 'tr\_%');
+ALTER TABLE idempotency.outbox ALTER COLUMN provider_ref TYPE obx_ty_ref;
+SELECT pg_temp.outbox_error(format('SELECT outbox_ack(%L, %s, %L, %L)', tenant_id,
+                                   id, lease_token, 'tr_2'))
+  FROM tylease WHERE n = 2;
+SELECT outbox_ack(tenant_id, id, lease_token, 'ch_2') FROM tylease WHERE n = 2;
+ALTER TABLE idempotency.outbox ALTER COLUMN provider_ref TYPE text;
+DROP DOMAIN obx_ty_ref;
+SELECT outbox_ack(tenant_id, id, lease_token, repeat('r', 70)) FROM tylease WHERE n = 3;
+SELECT (payload->>'n')::int AS n, status, provider_ref FROM idempotency.outbox
+ WHERE tenant_id = 'obx_ty' ORDER BY id;
+DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_ty';
+
 DELETE FROM idempotency.outbox WHERE tenant_id = 'obx_ap';
