@@ -44,6 +44,7 @@
 #include "parser/parse_func.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/datum.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/regproc.h"
@@ -95,6 +96,34 @@ typedef struct ExecCache
 	TupleDesc	result_desc;
 	int			col[COL_COUNT]; /* attribute index (0-based) of each */
 } ExecCache;
+
+/*
+ * The answer of the last call that ran its handler, kept for the other
+ * calls of the same row: PostgreSQL evaluates SELECT (idem_execute(...)).*
+ * once per column, and each later call would otherwise find the key
+ * finished (a replay, counted again) or, when the response was not stored,
+ * free: the handler ran once per column.  A later call is the same row's
+ * when idem_row_repeat says so and its arguments are the same.
+ */
+static struct
+{
+	IdemRowMark mark;			/* mark.cxt holds args and answer */
+	Datum		args[EXEC_HANDLER]; /* tenant, scope, key, request */
+	Oid			handler;
+	Datum		answer;
+}			exec_row;
+
+static bool
+exec_row_same(FunctionCallInfo fcinfo, Oid handler)
+{
+	if (exec_row.handler != handler)
+		return false;
+	for (int i = 0; i < EXEC_HANDLER; i++)
+		if (PG_ARGISNULL(i) ||
+			!datumIsEqual(exec_row.args[i], PG_GETARG_DATUM(i), false, -1))
+			return false;
+	return true;
+}
 
 /* The extension function "name" with "nargs" arguments of "argtypes". */
 static Oid
@@ -233,12 +262,15 @@ exec_reserve(ExecCache *cache, FunctionCallInfo fcinfo)
 }
 
 /*
- * idem_complete(tenant, scope, key, status, body, headers, NULL, false), as
- * declared: the reservation is this transaction's own, so no token.
+ * idem_complete(tenant, scope, key, status, body, headers, NULL, release),
+ * as declared: the reservation is this transaction's own, so no token.
+ * "release" (idem_complete's "retryable") releases the key whatever the
+ * scope's policy says.  True when the response was stored.
  */
-static void
+static bool
 exec_complete(ExecCache *cache, FunctionCallInfo fcinfo, Datum status,
-			  Datum body, bool body_null, Datum headers, bool headers_null)
+			  Datum body, bool body_null, Datum headers, bool headers_null,
+			  bool release)
 {
 	LOCAL_FCINFO(call, 8);
 
@@ -256,9 +288,10 @@ exec_complete(ExecCache *cache, FunctionCallInfo fcinfo, Datum status,
 	call->args[5].isnull = headers_null;
 	call->args[6].value = (Datum) 0;
 	call->args[6].isnull = true;
-	call->args[7].value = BoolGetDatum(false);
+	call->args[7].value = BoolGetDatum(release);
 	call->args[7].isnull = false;
 	(void) FunctionCallInvoke(call);
+	return !call->isnull;
 }
 
 /* What a handler answered, copied out of its subtransaction. */
@@ -377,6 +410,9 @@ idem_execute(PG_FUNCTION_ARGS)
 	char	   *outcome;
 	ExecResponse resp;
 	bool		stored;
+	MemoryContext callcxt = CurrentMemoryContext;
+	MemoryContext oldcxt;
+	Datum		answer;
 
 	/* another request than a reservation before it in the row */
 	idem_entry_call();
@@ -394,6 +430,10 @@ idem_execute(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_UNDEFINED_FUNCTION),
 				 errmsg("handler must name a function"),
 				 errhint("Pass the handler's name, such as 'shop.create_order'; '-' names no function.")));
+	/* another column of the row whose first column ran the handler */
+	if (idem_row_repeat(&exec_row.mark, fcinfo, callcxt) &&
+		exec_row_same(fcinfo, handler))
+		PG_RETURN_DATUM(datumCopy(exec_row.answer, false, -1));
 	if (handler != cache->handler)
 		exec_check_handler(cache, handler, fcinfo->flinfo->fn_mcxt);
 
@@ -422,8 +462,27 @@ idem_execute(PG_FUNCTION_ARGS)
 	 * and goes on to fail the statement.
 	 */
 	stored = exec_handle(cache, fcinfo, handler, &resp);
-	exec_complete(cache, fcinfo, resp.status, resp.body,
-				  resp.body_null, resp.headers, resp.headers_null);
+
+	/*
+	 * The completion does what was decided when the handler's writes were
+	 * kept or rolled back: a response not stored releases the key whatever
+	 * the policy says now.  A response to store that the completion
+	 * released (the scope's policy changed in between, committed by another
+	 * session) would leave the handler's writes behind a free key, for a
+	 * retry to run the handler again: the statement fails instead, and
+	 * keeps nothing.
+	 */
+	if (!exec_complete(cache, fcinfo, resp.status, resp.body,
+					   resp.body_null, resp.headers, resp.headers_null,
+					   !stored) && stored)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("the policy of scope \"%s\" changed while handler %s ran",
+						TextDatumGetCString(PG_GETARG_DATUM(EXEC_SCOPE)),
+						format_procedure(handler)),
+				 errdetail("Its response with status %d was to be stored, and the completion released the key instead.",
+						   DatumGetInt32(resp.status)),
+				 errhint("Retry the request: nothing of it was kept.")));
 
 	/*
 	 * "created", with the response the handler gave; the key is finished, or
@@ -440,6 +499,16 @@ idem_execute(PG_FUNCTION_ARGS)
 	nulls[cache->col[COL_LOCK_TOKEN]] = true;
 	if (!stored)
 		nulls[cache->col[COL_EXPIRES_AT]] = true;
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(cache->result_desc,
-													  values, nulls)));
+	oldcxt = MemoryContextSwitchTo(callcxt);
+	answer = HeapTupleGetDatum(heap_form_tuple(cache->result_desc,
+											   values, nulls));
+
+	/* for the other columns of this row, after the calls this one made */
+	idem_row_mark(&exec_row.mark, fcinfo, callcxt);
+	for (int i = 0; i < EXEC_HANDLER; i++)
+		exec_row.args[i] = datumCopy(PG_GETARG_DATUM(i), false, -1);
+	exec_row.handler = handler;
+	exec_row.answer = answer;
+	MemoryContextSwitchTo(oldcxt);
+	PG_RETURN_DATUM(answer);
 }

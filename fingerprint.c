@@ -1300,6 +1300,7 @@ emit_container(CanonState *st, JsonbContainer *jc, int depth,
 static void
 parse_pointer(const char *ptext, int len, IgnorePointer *ptr)
 {
+	char	   *names;
 	int			ntokens = 0;
 	int			i;
 	int			t;
@@ -1332,11 +1333,13 @@ parse_pointer(const char *ptext, int len, IgnorePointer *ptr)
 
 	ptr->ntokens = ntokens;
 	ptr->tokens = palloc(ntokens * sizeof(PointerToken));
+	/* the tokens' names, one after the other: no longer than the pointer */
+	names = palloc(len + 1);
 	i = 1;						/* after the leading '/' */
 	for (t = 0; t < ntokens; t++)
 	{
 		PointerToken *tok = &ptr->tokens[t];
-		char	   *out = palloc(len + 1);
+		char	   *out = names;
 		int			olen = 0;
 		bool		is_index;
 		int			c;
@@ -1355,6 +1358,7 @@ parse_pointer(const char *ptext, int len, IgnorePointer *ptr)
 		out[olen] = '\0';
 		tok->name = out;
 		tok->len = olen;
+		names += olen + 1;
 
 		/* an array index is "0" or digits without a leading zero */
 		is_index = olen > 0 && olen <= 9 && (olen == 1 || out[0] != '0');
@@ -1408,7 +1412,15 @@ parse_ignore(CanonState *st, ArrayType *ignore)
 			pfree(t);
 	}
 	st->npointers = nelems;
-	st->active = palloc((st->maxtokens + 1) * nelems * sizeof(int));
+	/* a list of the pointers still matching at each depth */
+	if ((Size) st->maxtokens + 1 > MaxAllocSize / sizeof(int) / (Size) nelems)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("fingerprint ignore list is too large"),
+				 errdetail("It has %d pointers, the longest of %d members.",
+						   nelems, st->maxtokens),
+				 errhint("List the few members that change between retries of a request, such as \"/metadata/sent_at\".")));
+	st->active = palloc(((Size) st->maxtokens + 1) * (Size) nelems * sizeof(int));
 	for (i = 0; i < nelems; i++)
 		st->active[i] = i;
 	pfree(elems);
@@ -1439,12 +1451,12 @@ static void
 free_state(CanonState *st)
 {
 	int			i;
-	int			t;
 
 	for (i = 0; i < st->npointers; i++)
 	{
-		for (t = 0; t < st->pointers[i].ntokens; t++)
-			pfree(st->pointers[i].tokens[t].name);
+		/* the tokens' names share one allocation, the first one's */
+		if (st->pointers[i].ntokens > 0)
+			pfree(st->pointers[i].tokens[0].name);
 		if (st->pointers[i].tokens)
 			pfree(st->pointers[i].tokens);
 	}

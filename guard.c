@@ -111,6 +111,20 @@ idem_require_reservation(PG_FUNCTION_ARGS)
 	trigger = trigdata->tg_trigger;
 	rel = trigdata->tg_relation;
 
+	/*
+	 * An INSTEAD OF trigger that returns the row tells PostgreSQL the write
+	 * was done: the view would take writes and keep none
+	 */
+	if (TRIGGER_FIRED_INSTEAD(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("idem_require_reservation() cannot be an INSTEAD OF trigger"),
+				 errdetail("Trigger \"%s\" on %s would report writes to the view as done without making them.",
+						   trigger->tgname,
+						   quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
+													  RelationGetRelationName(rel))),
+				 errhint("Create it BEFORE or AFTER on the tables the view writes to.")));
+
 	if (!(FullTransactionIdIsValid(guard_bypass_fxid) &&
 		  FullTransactionIdEquals(guard_bypass_fxid,
 								  GetTopFullTransactionIdIfAny())) &&

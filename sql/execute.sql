@@ -210,6 +210,53 @@ RESET ROLE;
 SELECT idem_unbind_tenant('ex_app');
 SELECT count(*) AS calls_k9 FROM ex.calls WHERE idem_key = 'k-9';
 
+-- SELECT (idem_execute(...)).*: PostgreSQL calls the function once per
+-- column; the calls of one row are one request, whose handler runs once
+-- (it ran once per column: a released 503 nine times, its row mixing
+-- their answers; a 201 once, with eight replays counted)
+-- (a sequence counts the handler's runs: a released response's writes
+-- are rolled back, its nextval is not)
+CREATE SEQUENCE ex.runs;
+CREATE FUNCTION ex.counted(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN ROW((request ->> 'status')::int,
+               jsonb_build_object('run', nextval('ex.runs')), NULL::jsonb)::idempotency.response;
+END
+$$;
+SELECT idem_stats_reset();
+SELECT (idem_execute('ex_a', 'POST /charges', 'sl-1', '{"status": 503}', 'ex.counted')).*;
+SELECT last_value AS runs, is_called FROM ex.runs;
+SELECT (idem_execute('ex_a', 'POST /charges', 'sl-2', '{"status": 201}', 'ex.counted')).outcome,
+       (idem_execute('ex_a', 'POST /charges', 'sl-2', '{"status": 201}', 'ex.counted')).response_body;
+SELECT last_value AS runs FROM ex.runs;
+SELECT created, replayed, released, completed FROM idempotency.stats
+ WHERE tenant = 'ex_a' AND scope = 'POST /charges';
+-- two rows are two requests
+SELECT (idem_execute('ex_a', 'POST /charges', 'sl-3', '{"status": 503}', 'ex.counted')).outcome
+  FROM generate_series(1, 2);
+SELECT last_value AS runs FROM ex.runs;
+
+-- the completion does what was decided when the handler's writes were
+-- kept or rolled back: a handler that turns its scope's caching of server
+-- errors off (in its subtransaction, rolled back with the response) and
+-- answers 503 is released, its write gone, nothing stored (the key was
+-- stored as "failed 503" by the policy of before, for a retry to replay a
+-- response whose work was rolled back)
+CREATE FUNCTION ex.reconfigure(tenant text, key text, request jsonb)
+RETURNS idempotency.response LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM idem_configure_scope('POST /charges-cached', '{"cache_server_errors": false}');
+    INSERT INTO ex.orders (tenant, idem_key, sku, qty) VALUES (tenant, key, 'reconfigure', 1);
+    RETURN ROW(503, '{}'::jsonb, NULL::jsonb)::idempotency.response;
+END
+$$;
+SELECT outcome, response_code, expires_at IS NOT NULL AS expires
+  FROM idem_execute('ex_a', 'POST /charges-cached', 'rc-1', '{}', 'ex.reconfigure');
+SELECT count(*) AS keys FROM idempotency.keys WHERE idem_key = 'rc-1';
+SELECT count(*) AS orders FROM ex.orders WHERE idem_key = 'rc-1';
+SELECT cache_server_errors FROM idempotency.scopes WHERE scope = 'POST /charges-cached';
+
 DROP SCHEMA ex CASCADE;
 DROP ROLE ex_app;
 DELETE FROM idempotency.keys WHERE tenant_id = 'ex_a';

@@ -126,6 +126,13 @@ SELECT idem_fingerprint('{"a": 1, "b": 2}', '{{/a},{/b}}');
 -- pointers are checked even when the request has no such member, and
 -- before the request is read
 SELECT idem_fingerprint('[1e400]', ARRAY['bad']);
+-- a list too large to follow (pointers times their depth past what one
+-- allocation holds) is refused (54000): its size was computed in 32 bits,
+-- and a list some sixteen times larger wrapped around and wrote past a
+-- small allocation; one long pointer costs memory in its length only
+SELECT idem_fingerprint('{"a": 1}', array_fill('/a'::text, ARRAY[270000]) || repeat('/', 999));
+SELECT idem_fingerprint('{"a": 1}', ARRAY[repeat('/x', 20000)]) = idem_fingerprint('{"a": 1}')
+       AS long_pointer_ignores_nothing;
 
 --
 -- Deep and large input

@@ -310,6 +310,18 @@ SELECT table_name, guarded, events, scopes, triggers, conditional_triggers
   FROM idempotency.guard_coverage WHERE table_name = 'shop.cond'::regclass;
 -- the extension's own tables are not listed
 SELECT count(*) FROM idempotency.guard_coverage WHERE table_name::text LIKE 'idempotency.%';
+-- as an INSTEAD OF trigger of a view it would report the view's writes as
+-- done without making them (they were dropped): refused (39P01), with a
+-- reservation held too, and nothing written
+CREATE TABLE shop.base (id int, v int);
+CREATE VIEW shop.base_view AS SELECT * FROM shop.base;
+CREATE TRIGGER base_view_guard INSTEAD OF INSERT OR UPDATE OR DELETE ON shop.base_view
+    FOR EACH ROW EXECUTE FUNCTION idem_require_reservation();
+BEGIN;
+SELECT outcome FROM idem_reserve('g_a', 'POST /view', 'v-1', '{}');
+SELECT pg_temp.err($$INSERT INTO shop.base_view VALUES (1, 1)$$);
+ROLLBACK;
+SELECT count(*) AS base_rows FROM shop.base;
 
 DROP SCHEMA shop CASCADE;
 DROP ROLE guard_app, guard_admin;
