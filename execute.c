@@ -466,11 +466,10 @@ idem_execute(PG_FUNCTION_ARGS)
 	/*
 	 * The completion does what was decided when the handler's writes were
 	 * kept or rolled back: a response not stored releases the key whatever
-	 * the policy says now.  A response to store that the completion
-	 * released (the scope's policy changed in between, committed by another
-	 * session) would leave the handler's writes behind a free key, for a
-	 * retry to run the handler again: the statement fails instead, and
-	 * keeps nothing.
+	 * the policy says now.  A response to store that the completion released
+	 * (the scope's policy changed in between, committed by another session)
+	 * would leave the handler's writes behind a free key, for a retry to run
+	 * the handler again: the statement fails instead, and keeps nothing.
 	 */
 	if (!exec_complete(cache, fcinfo, resp.status, resp.body,
 					   resp.body_null, resp.headers, resp.headers_null,
