@@ -1412,6 +1412,25 @@ keys_retryable_bits(ArrayType *codes, uint64 *bits)
 }
 
 /*
+ * A scope's option in idempotency.scopes outside what idem_configure_scope
+ * accepts (written around it): "value" is its text, "example" an options
+ * object that sets it.
+ */
+static void
+keys_scope_out_of_range(const char *scope, const char *option,
+						const char *value, const char *example,
+						const char *range)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("scope \"%s\" has %s %s in idempotency.scopes, outside what idem_configure_scope accepts",
+					scope, option, value),
+			 errdetail("It must be %s.", range),
+			 errhint("Set it with idem_configure_scope('%s', '%s').",
+					 scope, example)));
+}
+
+/*
  * Read the policy of "scope" into *policy, from the cache or from
  * idempotency.scopes.  The table is read with the latest snapshot, not the
  * transaction's: what is cached must not depend on an old snapshot, since
@@ -1498,18 +1517,41 @@ keys_scope_policy(const char *scope, ScopePolicy *policy, bool with_ignore)
 		d = SPI_getbinval(tup, desc, 6, &isnull);
 		if (!isnull)
 			keys_retryable_bits(DatumGetArrayTypeP(d), policy->retryable);
+		/*
+		 * Rates and quotas: idem_configure_scope keeps them in range; values
+		 * written around it (NaN, a burst of 0) are refused, not computed
+		 * with
+		 */
 		d = SPI_getbinval(tup, desc, 7, &isnull);
 		if (!isnull && OidIsValid(outcome_oids[OUTCOME_RATE_LIMITED]))
 		{
 			policy->new_keys_per_second = DatumGetFloat8(d);
+			if (!(policy->new_keys_per_second >= 0.000001 &&
+				  policy->new_keys_per_second <= 1000000))
+				keys_scope_out_of_range(scope, "new_keys_per_second",
+										psprintf("%g", policy->new_keys_per_second),
+										"{\"new_keys_per_second\": 10}",
+										"a number from 0.000001 to 1000000");
 			d = SPI_getbinval(tup, desc, 8, &isnull);
 			policy->new_keys_burst = isnull ?
 				(int32) Max(1.0, ceil(policy->new_keys_per_second)) :
 				DatumGetInt32(d);
+			if (policy->new_keys_burst < 1 || policy->new_keys_burst > 1000000)
+				keys_scope_out_of_range(scope, "new_keys_burst",
+										psprintf("%d", policy->new_keys_burst),
+										"{\"new_keys_burst\": 10}",
+										"an integer from 1 to 1000000");
 		}
 		d = SPI_getbinval(tup, desc, 9, &isnull);
 		if (!isnull && OidIsValid(outcome_oids[OUTCOME_RATE_LIMITED]))
+		{
 			policy->max_live_keys = DatumGetInt32(d);
+			if (policy->max_live_keys < 1)
+				keys_scope_out_of_range(scope, "max_live_keys",
+										psprintf("%lld", (long long) policy->max_live_keys),
+										"{\"max_live_keys\": 100000}",
+										"an integer from 1 to 1000000000");
+		}
 	}
 
 	if (!cacheable)

@@ -166,5 +166,21 @@ ROLLBACK;
 SELECT outcome FROM idem_reserve('q_d', 'q_ro', 'ro-2', '{}');
 SELECT created, rate_limited FROM idempotency.stats WHERE scope = 'q_ro';
 
+-- values written into idempotency.scopes around idem_configure_scope,
+-- outside what it accepts, are refused by the key functions (22023), not
+-- computed with (a NaN rate, a burst of 0, a negative quota); nothing is
+-- created; set again through the function, the scope works
+SELECT scope FROM idem_configure_scope('q_raw', '{"new_keys_per_second": 5}');
+UPDATE idempotency.scopes SET new_keys_per_second = 'NaN' WHERE scope = 'q_raw';
+SELECT pg_temp.err($$SELECT idem_reserve('q_d', 'q_raw', 'raw-1', '{}')$$);
+UPDATE idempotency.scopes SET new_keys_per_second = 5, new_keys_burst = 0 WHERE scope = 'q_raw';
+SELECT pg_temp.err($$SELECT idem_reserve('q_d', 'q_raw', 'raw-1', '{}')$$);
+UPDATE idempotency.scopes SET new_keys_per_second = NULL, new_keys_burst = NULL, max_live_keys = -1
+ WHERE scope = 'q_raw';
+SELECT pg_temp.err($$SELECT idem_reserve('q_d', 'q_raw', 'raw-1', '{}')$$);
+SELECT count(*) AS raw_keys FROM idempotency.keys WHERE tenant_id = 'q_d' AND scope = 'q_raw';
+SELECT scope FROM idem_configure_scope('q_raw', '{"max_live_keys": 10}');
+SELECT outcome FROM idem_reserve('q_d', 'q_raw', 'raw-1', '{}');
+
 DELETE FROM idempotency.keys WHERE tenant_id IN ('rl_a', 'rl_b', 'rl_first', 'q_a', 'q_b', 'q_c', 'q_d') OR tenant_id LIKE 'rl\_t%';
-DELETE FROM idempotency.scopes WHERE scope IN ('rl_scope', 'rl_fast', 'rl_full', 'q_scope', 'q_rated', 'q_ro');
+DELETE FROM idempotency.scopes WHERE scope IN ('rl_scope', 'rl_fast', 'rl_full', 'q_scope', 'q_rated', 'q_ro', 'q_raw');
