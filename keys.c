@@ -1517,6 +1517,7 @@ keys_scope_policy(const char *scope, ScopePolicy *policy, bool with_ignore)
 		d = SPI_getbinval(tup, desc, 6, &isnull);
 		if (!isnull)
 			keys_retryable_bits(DatumGetArrayTypeP(d), policy->retryable);
+
 		/*
 		 * Rates and quotas: idem_configure_scope keeps them in range; values
 		 * written around it (NaN, a burst of 0) are refused, not computed
