@@ -1379,6 +1379,7 @@ parse_ignore(CanonState *st, ArrayType *ignore)
 	bool	   *nulls;
 	int			nelems;
 	int			i;
+	Size		total_tokens = 0;
 
 	if (ignore == NULL)
 		return;
@@ -1398,6 +1399,9 @@ parse_ignore(CanonState *st, ArrayType *ignore)
 	for (i = 0; i < nelems; i++)
 	{
 		text	   *t;
+		const char *p;
+		int			len;
+		int			ntokens = 0;
 
 		if (nulls[i])
 			ereport(ERROR,
@@ -1405,21 +1409,33 @@ parse_ignore(CanonState *st, ArrayType *ignore)
 					 errmsg("fingerprint ignore list must not contain nulls"),
 					 errhint("Remove the null elements, or pass NULL instead of the whole list to ignore nothing.")));
 		t = DatumGetTextPP(elems[i]);
-		parse_pointer(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t),
-					  &st->pointers[i]);
+		p = VARDATA_ANY(t);
+		len = VARSIZE_ANY_EXHDR(t);
+
+		/*
+		 * What following the list takes, before it is taken: each pointer's
+		 * members, and the pointers still matching at each depth (past 1 GB
+		 * the sizes would not even be allocated)
+		 */
+		for (int c = 0; c < len; c++)
+			ntokens += (p[c] == '/');
+		total_tokens += ntokens;
+		if ((Size) Max(st->maxtokens, ntokens) + 1 >
+			MaxAllocSize / sizeof(int) / (Size) nelems ||
+			total_tokens > MaxAllocSize / sizeof(PointerToken))
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("fingerprint ignore list is too large"),
+					 errdetail("It has %d pointers, the longest of %d members.",
+							   nelems, Max(st->maxtokens, ntokens)),
+					 errhint("List the few members that change between retries of a request, such as \"/metadata/sent_at\".")));
+		parse_pointer(p, len, &st->pointers[i]);
 		st->maxtokens = Max(st->maxtokens, st->pointers[i].ntokens);
 		if ((Pointer) t != DatumGetPointer(elems[i]))
 			pfree(t);
 	}
 	st->npointers = nelems;
-	/* a list of the pointers still matching at each depth */
-	if ((Size) st->maxtokens + 1 > MaxAllocSize / sizeof(int) / (Size) nelems)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("fingerprint ignore list is too large"),
-				 errdetail("It has %d pointers, the longest of %d members.",
-						   nelems, st->maxtokens),
-				 errhint("List the few members that change between retries of a request, such as \"/metadata/sent_at\".")));
+	/* the pointers still matching at each depth (in size, checked above) */
 	st->active = palloc(((Size) st->maxtokens + 1) * (Size) nelems * sizeof(int));
 	for (i = 0; i < nelems; i++)
 		st->active[i] = i;

@@ -280,7 +280,7 @@ static const Oid keys_att_types[KEYS_ATT_COUNT] = {
 	BOOLOID, TIMESTAMPTZOID,
 	TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID
 };
-static bool keys_types_exact = false;	/* every column of its own type */
+static Oid	keys_status_type = InvalidOid;	/* idempotency.status */
 static Oid	reservation_relid = InvalidOid;
 
 /*
@@ -494,14 +494,14 @@ idem_enum_label_oid(Oid typid, const char *label)
 
 /*
  * The types of the columns of idempotency.keys (keys_att_types; "status"
- * the type idempotency.status): keys_types_exact when each is its own,
- * without a type modifier; an error when one is not stored as its type
- * (a domain over it, or varchar for text, is: the functions read it alike).
+ * the type idempotency.status): an error when one is not stored as its
+ * type (a domain over it, or varchar for text, is: the functions read it
+ * alike).  keys_open_plain checks that each is its own type.
  */
 static void
 keys_check_column_types(Oid status_type)
 {
-	keys_types_exact = true;
+	keys_status_type = status_type;
 	for (int i = 0; i < KEYS_ATT_COUNT; i++)
 	{
 		Oid			expected = OidIsValid(keys_att_types[i]) ?
@@ -513,8 +513,6 @@ keys_check_column_types(Oid status_type)
 
 		get_atttypetypmodcoll(keys_relid, keys_attnum[i], &typid, &typmod,
 							  &collid);
-		if (typid != expected || typmod != -1)
-			keys_types_exact = false;
 		base = getBaseType(typid);
 		if (base != expected && !(expected == TEXTOID && base == VARCHAROID))
 			ereport(ERROR,
@@ -1547,7 +1545,7 @@ keys_scope_policy(const char *scope, ScopePolicy *policy, bool with_ignore)
 		if (!isnull && OidIsValid(outcome_oids[OUTCOME_RATE_LIMITED]))
 		{
 			policy->max_live_keys = DatumGetInt32(d);
-			if (policy->max_live_keys < 1)
+			if (policy->max_live_keys < 1 || policy->max_live_keys > 1000000000)
 				keys_scope_out_of_range(scope, "max_live_keys",
 										psprintf("%lld", (long long) policy->max_live_keys),
 										"{\"max_live_keys\": 100000}",
@@ -1793,7 +1791,7 @@ keys_open_plain(LOCKMODE lockmode, bool *colnulls, Relation *heap_out,
 	for (i = 0; i < desc->natts; i++)
 		if (!TupleDescAttr(desc, i)->attisdropped)
 			natts++;
-	if (natts != KEYS_ATT_COUNT || !keys_types_exact ||
+	if (natts != KEYS_ATT_COUNT ||
 		heap->rd_rel->relkind != RELKIND_RELATION ||
 		heap->rd_rel->relam != HEAP_TABLE_AM_OID ||
 		heap->rd_rel->relrowsecurity ||
@@ -1803,6 +1801,26 @@ keys_open_plain(LOCKMODE lockmode, bool *colnulls, Relation *heap_out,
 		(desc->constr != NULL &&
 		 (desc->constr->num_check > 0 || desc->constr->has_generated_stored)))
 		return false;
+
+	/*
+	 * Each column where the row puts it, of its own type (no domain, no
+	 * type modifier), as the table is now: at commit the cache may predate
+	 * an ALTER TABLE of this transaction
+	 */
+	for (i = 0; i < KEYS_ATT_COUNT; i++)
+	{
+		Form_pg_attribute att;
+		Oid			expected = OidIsValid(keys_att_types[i]) ?
+			keys_att_types[i] : keys_status_type;
+
+		if (keys_attnum[i] < 1 || keys_attnum[i] > desc->natts)
+			return false;
+		att = TupleDescAttr(desc, keys_attnum[i] - 1);
+		if (att->attisdropped ||
+			strcmp(NameStr(att->attname), keys_att_names[i]) != 0 ||
+			att->atttypid != expected || att->atttypmod != -1)
+			return false;
+	}
 	indexes = RelationGetIndexList(heap);
 	nindexes = list_length(indexes);
 	rels = palloc(nindexes * sizeof(Relation));

@@ -347,6 +347,24 @@ ALTER TABLE idempotency.keys ALTER COLUMN idem_key TYPE varchar(200) COLLATE pg_
 SELECT pg_temp.sqlstate($$SELECT idem_reserve('wo_a', 'orders', repeat('v', 210), '{"amount": 32}'::jsonb)$$);
 SELECT outcome, response_body FROM idem_reserve('wo_a', 'orders', 'dom-1', '{"amount": 30}'::jsonb);
 ALTER TABLE idempotency.keys ALTER COLUMN idem_key TYPE text COLLATE pg_catalog."C";
+-- the same change made in the transaction that reserved the key, after
+-- the reservation: the row written at commit goes through the INSERT too
+-- (it was formed directly, by the types of before: the domain's check
+-- skipped, and a uuid written into a column of text read past its end)
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', repeat('c', 210), '{"amount": 34}'::jsonb);
+ALTER TABLE idempotency.keys ALTER COLUMN idem_key TYPE wo_short_key COLLATE pg_catalog."C";
+\set VERBOSITY terse
+COMMIT;
+\set VERBOSITY default
+SELECT count(*) AS too_long_rows FROM idempotency.keys WHERE length(idem_key) > 200;
+BEGIN;
+SELECT outcome FROM idem_reserve('wo_a', 'orders', 'late-type-1', '{"amount": 35}'::jsonb);
+ALTER TABLE idempotency.keys ALTER COLUMN lock_token TYPE text;
+COMMIT;
+ALTER TABLE idempotency.keys ALTER COLUMN lock_token TYPE uuid USING lock_token::uuid;
+SELECT status, lock_token IS NOT NULL AS has_token FROM idempotency.keys
+ WHERE tenant_id = 'wo_a' AND idem_key = 'late-type-1';
 DROP DOMAIN wo_short_key;
 SELECT count(*) AS too_long_rows FROM idempotency.keys WHERE length(idem_key) > 200;
 ALTER TABLE idempotency.keys ALTER COLUMN response_code TYPE bigint;
