@@ -1803,9 +1803,9 @@ keys_open_plain(LOCKMODE lockmode, bool *colnulls, Relation *heap_out,
 		return false;
 
 	/*
-	 * Each column where the row puts it, of its own type (no domain, no
-	 * type modifier), as the table is now: at commit the cache may predate
-	 * an ALTER TABLE of this transaction
+	 * Each column where the row puts it, of its own type (no domain, no type
+	 * modifier), as the table is now: at commit the cache may predate an
+	 * ALTER TABLE of this transaction
 	 */
 	for (i = 0; i < KEYS_ATT_COUNT; i++)
 	{
