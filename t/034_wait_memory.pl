@@ -39,25 +39,25 @@ sub grand_total
 	return $total;
 }
 
-sleep(1);
-my $offset = -s $node->logfile;
-$node->safe_psql('postgres', "SELECT pg_log_backend_memory_contexts($pid)");
-my $first;
-for (1 .. 100)
+# dump the backend's memory now; the grand total the dump logs
+sub dump_total
 {
-	last if defined($first = grand_total($offset));
-	sleep(0.1);
+	my $offset = -s $node->logfile;
+	$node->safe_psql('postgres', "SELECT pg_log_backend_memory_contexts($pid)");
+	for (1 .. 100)
+	{
+		my $total = grand_total($offset);
+		return $total if defined $total;
+		sleep(0.1);
+	}
+	return undef;
 }
+
+sleep(1);
+my $first = dump_total();
 ok(defined $first, 'first dump of its memory');
 sleep(3);
-$offset = -s $node->logfile;
-$node->safe_psql('postgres', "SELECT pg_log_backend_memory_contexts($pid)");
-my $second;
-for (1 .. 100)
-{
-	last if defined($second = grand_total($offset));
-	sleep(0.1);
-}
+my $second = dump_total();
 ok(defined $second, 'second dump of its memory');
 note("memory of the waiting backend: $first bytes used, 3 s later $second");
 cmp_ok($second - $first, '<', 4096,
