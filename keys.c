@@ -356,6 +356,21 @@ static HTAB *held_keys = NULL;
  */
 static Oid	held_relid = InvalidOid;
 static void held_forget_all(void);
+
+/*
+ * Reservations set aside by held_forget_all inside a subtransaction: if
+ * it aborts, the DROP EXTENSION is undone and so is the forgetting.  A
+ * stack, newest (highest subid) first, in TopTransactionContext.
+ */
+typedef struct HeldShelf
+{
+	SubTransactionId subid;
+	HTAB	   *keys;
+	Oid			relid;
+	struct HeldShelf *next;
+} HeldShelf;
+
+static HeldShelf *held_shelf = NULL;
 static bool held_callbacks_registered = false;
 static HTAB *scope_cache = NULL;
 
@@ -1027,6 +1042,7 @@ held_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 			/* the memory goes with TopTransactionContext */
 			held_keys = NULL;
+			held_shelf = NULL;
 			held_flushing = false;
 			break;
 		default:
@@ -1041,9 +1057,50 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	HASH_SEQ_STATUS status;
 	HeldKey    *entry;
 
-	(void) parentSubid;
 	(void) arg;
-	if (event != SUBXACT_EVENT_ABORT_SUB || held_keys == NULL)
+	if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		/* what the committed subtransaction set aside is its parent's now */
+		if (parentSubid != TopSubTransactionId)
+		{
+			for (HeldShelf *shelf = held_shelf;
+				 shelf != NULL && shelf->subid >= mySubid;
+				 shelf = shelf->next)
+				shelf->subid = parentSubid;
+			return;
+		}
+		/* no abort can bring these back any more */
+		while (held_shelf != NULL && held_shelf->subid >= mySubid)
+		{
+			HeldShelf  *shelf = held_shelf;
+
+			held_shelf = shelf->next;
+			hash_destroy(shelf->keys);
+			pfree(shelf);
+		}
+		return;
+	}
+	if (event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+
+	/*
+	 * The DROP EXTENSION that made this transaction forget its reservations
+	 * is undone: back to the reservations of before, the oldest set aside
+	 * at or after the aborted subtransaction.  Whatever was reserved since
+	 * was made in the aborted subtransactions and goes.
+	 */
+	while (held_shelf != NULL && held_shelf->subid >= mySubid)
+	{
+		HeldShelf  *shelf = held_shelf;
+
+		held_shelf = shelf->next;
+		if (held_keys != NULL)
+			hash_destroy(held_keys);
+		held_keys = shelf->keys;
+		held_relid = shelf->relid;
+		pfree(shelf);
+	}
+	if (held_keys == NULL)
 		return;
 
 	/*
@@ -1109,11 +1166,29 @@ held_free_undo(HeldUndo *u, HeldUndo *stop)
 	}
 }
 
-/* Drop this transaction's reservations of a keys table that is gone. */
+/*
+ * Drop this transaction's reservations of a keys table that is gone.  In a
+ * subtransaction they are set aside instead: a rollback to a savepoint
+ * before the DROP EXTENSION brings the table and them back.
+ */
 static void
 held_forget_all(void)
 {
-	hash_destroy(held_keys);
+	SubTransactionId cur = GetCurrentSubTransactionId();
+
+	if (cur == TopSubTransactionId)
+		hash_destroy(held_keys);
+	else
+	{
+		HeldShelf  *shelf = MemoryContextAlloc(TopTransactionContext,
+											   sizeof(HeldShelf));
+
+		shelf->subid = cur;
+		shelf->keys = held_keys;
+		shelf->relid = held_relid;
+		shelf->next = held_shelf;
+		held_shelf = shelf;
+	}
 	held_keys = NULL;
 	held_relid = InvalidOid;
 }

@@ -165,6 +165,62 @@ is($err, '', 'idem_lookup after DROP and CREATE EXTENSION in the transaction');
 is($out, "created
 0", "and finds nothing of the old install's reservation");
 
+# a rollback to a savepoint before the DROP EXTENSION brings the table back,
+# and with it the reservation held before (it was lost: never written at
+# commit, and neither completed nor counted by the guard after the rollback)
+($out, $err) = run_in($warm, q{
+BEGIN;
+SELECT outcome FROM idem_reserve('warm', 'orders', 'saved-1', '{}');
+SELECT outcome FROM idem_reserve('warm', 'orders', 'saved-2', '{}');
+SAVEPOINT before_drop;
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency;
+SELECT count(*) FROM idem_lookup('warm', 'orders', 'saved-1');
+SAVEPOINT inner_one;
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency;
+SELECT outcome FROM idem_reserve('warm', 'orders', 'saved-3', '{}');
+RELEASE SAVEPOINT inner_one;
+ROLLBACK TO SAVEPOINT before_drop;
+CREATE TEMP TABLE saved_charges (id int);
+CREATE TRIGGER need_key BEFORE INSERT ON saved_charges
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_require_reservation('orders');
+INSERT INTO saved_charges VALUES (1);
+DROP TABLE saved_charges;
+SELECT idem_complete('warm', 'orders', 'saved-1', 201, '{"id": 1}');
+COMMIT;
+SELECT idem_key || ' ' || status FROM idempotency.keys
+ WHERE idem_key LIKE 'saved-%' ORDER BY idem_key;
+});
+is($err, '', 'DROP and CREATE EXTENSION rolled back to a savepoint');
+is($out, "created
+created
+0
+created
+succeeded
+saved-1 succeeded
+saved-2 processing",
+	'the reservations held before the savepoint are held again after the rollback');
+# the same, where the savepoint that forgot them is released into the
+# transaction: the DROP stays, and so does the forgetting
+($out, $err) = run_in($warm, q{
+BEGIN;
+SELECT outcome FROM idem_reserve('warm', 'orders', 'saved-4', '{}');
+SAVEPOINT s;
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency;
+SELECT count(*) FROM idem_lookup('warm', 'orders', 'saved-4');
+RELEASE SAVEPOINT s;
+SAVEPOINT t;
+ROLLBACK TO SAVEPOINT t;
+COMMIT;
+SELECT count(*) FROM idempotency.keys WHERE idem_key LIKE 'saved-%';
+});
+is($err, '', 'DROP and CREATE EXTENSION in a released savepoint');
+is($out, "created
+0
+0", 'a released savepoint keeps the new install without the old reservation');
+
 $warm->quit;
 
 # ALTER EXTENSION UPDATE under a warm session: a database on 1.0, used
