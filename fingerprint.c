@@ -1156,10 +1156,21 @@ push_members(CanonState *st, JsonbContainer *jc, uint32 count)
 	int			base;
 	MemberRef  *m;
 
-	if (st->members_used + (int) count > st->members_size)
+	if (st->members_used + (Size) count > (Size) st->members_size)
 	{
-		int			newsize = Max(st->members_size * 2,
-								  st->members_used + (int) count);
+		Size		need = st->members_used + (Size) count;
+		Size		limit = MaxAllocSize / sizeof(MemberRef);
+		int			newsize;
+
+		/* the open objects' members, all of them at once */
+		if (need > limit)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("request has too many object members to fingerprint"),
+					 errdetail("The objects open at one point of the request have %zu members; at most %zu can be sorted.",
+							   need, limit),
+					 errhint("Split the request, or keep large collections in arrays, whose elements are not sorted.")));
+		newsize = (int) Min(Max((Size) st->members_size * 2, need), limit);
 
 		if (st->members == NULL)
 			st->members = palloc(newsize * sizeof(MemberRef));

@@ -1001,6 +1001,38 @@ keys_lock_given_back(const LOCKTAG *tag)
 }
 
 /*
+ * Key and ordering-key locks belong to the (sub)transaction that takes
+ * them, as its writes do, not to the portal running the statement: a
+ * cursor opened before a savepoint and fetched in it would otherwise keep
+ * the locks of a savepoint rolled back, and a fetch that fails would take
+ * with the cursor's resources the locks of every fetch before it, leaving
+ * their reservations unguarded.  On an error the abort resets
+ * CurrentResourceOwner.
+ */
+static LockAcquireResult
+keys_lock_acquire(const LOCKTAG *tag, bool dontWait)
+{
+	ResourceOwner save = CurrentResourceOwner;
+	LockAcquireResult res;
+
+	CurrentResourceOwner = CurTransactionResourceOwner;
+	res = LockAcquire(tag, ExclusiveLock, false, dontWait);
+	CurrentResourceOwner = save;
+	return res;
+}
+
+/* Give back early a lock keys_lock_acquire took in this subtransaction. */
+static void
+keys_lock_release(const LOCKTAG *tag)
+{
+	ResourceOwner save = CurrentResourceOwner;
+
+	CurrentResourceOwner = CurTransactionResourceOwner;
+	LockRelease(tag, ExclusiveLock, false);
+	CurrentResourceOwner = save;
+}
+
+/*
  * idem_lock_wait
  *		Take "tag" (a key's or an ordering key's lock) in ExclusiveLock
  *		until the transaction ends, waiting like any lock (lock_timeout and
@@ -1010,7 +1042,7 @@ void
 idem_lock_wait(const LOCKTAG *tag)
 {
 	keys_lock_check(tag);
-	if (LockAcquire(tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
+	if (keys_lock_acquire(tag, false) == LOCKACQUIRE_OK)
 		keys_lock_taken(tag);
 }
 
@@ -1362,6 +1394,7 @@ reserve_wait_lock(LOCKTAG *tag, int timeout_ms)
 {
 	MemoryContext oldcxt = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
+	ResourceOwner xactowner = CurTransactionResourceOwner;
 	int			save_lock_timeout = LockTimeout;
 	volatile bool got = false;
 
@@ -1376,11 +1409,12 @@ reserve_wait_lock(LOCKTAG *tag, int timeout_ms)
 		LockTimeout = save_lock_timeout;
 
 		/*
-		 * Hand the lock to the caller's resource owner, as if taken there, so
-		 * that the caller can give it back early with LockRelease.
+		 * Hand the lock to the caller's subtransaction, as if taken there
+		 * (keys_lock_acquire), so that the caller can give it back early
+		 * with keys_lock_release.
 		 */
 		subowner = CurrentResourceOwner;
-		CurrentResourceOwner = oldowner;
+		CurrentResourceOwner = xactowner;
 		(void) LockAcquire(tag, ExclusiveLock, false, true);
 		CurrentResourceOwner = subowner;
 		LockRelease(tag, ExclusiveLock, false);
@@ -1423,7 +1457,7 @@ reserve_claim_lock(LOCKTAG *tag, TimestampTz deadline, bool *mine)
 	LockAcquireResult res;
 
 	keys_lock_check(tag);
-	res = LockAcquire(tag, ExclusiveLock, false, true);
+	res = keys_lock_acquire(tag, true);
 
 	/* this transaction holds the key already: nothing to wait for */
 	*mine = res == LOCKACQUIRE_ALREADY_HELD || res == LOCKACQUIRE_ALREADY_CLEAR;
@@ -3124,7 +3158,7 @@ reserve_common(FunctionCallInfo fcinfo, int request_arg, int fingerprint_arg,
 								&policy, now, &ans);
 		if (!wrote)
 		{
-			LockRelease(&tag, ExclusiveLock, false);
+			keys_lock_release(&tag);
 			if (!mine)
 				keys_lock_given_back(&tag);
 		}

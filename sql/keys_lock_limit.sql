@@ -83,26 +83,42 @@ SELECT pg_temp.err($$SELECT outbox_enqueue('lk_c', 'order.created', '{"n": 4}', 
 COMMIT;
 SELECT payload->>'n' AS n, ordering_key FROM idempotency.outbox WHERE tenant_id = 'lk_c' ORDER BY id;
 
--- a cursor opened before a savepoint keeps the keys it reserved while
--- fetching in it when the savepoint rolls back: they stay held, and
--- counted
+-- a cursor's fetch reserves in the subtransaction it is fetched in,
+-- whatever the cursor was opened in: a savepoint rolled back gives its
+-- fetches' keys back, a released one keeps them, and a fetch that fails
+-- (here on the limit) gives back only its own: the keys of the fetches
+-- before it stay held and counted (its failure released them with the
+-- cursor's resources: another session could reserve them again, and the
+-- commit failed with 23505)
 BEGIN;
 DECLARE c CURSOR FOR
-    SELECT r.outcome FROM generate_series(1, 10) g,
+    SELECT g, r.outcome FROM generate_series(1, 10) g,
            LATERAL idem_reserve('lk_f', 'orders', 'c' || g, fingerprint => sha256(g::text::bytea)) r;
 SAVEPOINT s;
-FETCH 2 FROM c;
+FETCH 1 FROM c;
 ROLLBACK TO SAVEPOINT s;
 SELECT count(*) AS key_locks_held FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 18756 AND pid = pg_backend_pid();
-FETCH 1 FROM c;
+SAVEPOINT t;
+FETCH 2 FROM c;
+RELEASE SAVEPOINT t;
+SAVEPOINT u;
+FETCH 2 FROM c;
+ROLLBACK TO SAVEPOINT u;
+SELECT count(*) AS key_locks_held FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 18756 AND pid = pg_backend_pid();
+-- held: answered as the transaction's own
+SELECT outcome FROM idem_reserve('lk_f', 'orders', 'c2', fingerprint => sha256('2'));
+-- given back with savepoint s: new again
+SELECT outcome FROM idem_reserve('lk_f', 'orders', 'c1', fingerprint => sha256('1'));
 SELECT left(pg_temp.err($$SELECT idem_reserve('lk_f', 'orders', 'x', fingerprint => sha256('x'))$$), 5) AS sqlstate;
 -- at the limit even a replay is refused: a key's row is read under its
 -- lock, which the transaction would take
 SELECT left(pg_temp.err($$SELECT idem_reserve('lk_a', 'orders', 'k1', fingerprint => sha256('1'))$$), 5) AS sqlstate;
 -- but a key the transaction holds is answered
 SELECT outcome FROM idem_reserve('lk_f', 'orders', 'c3', fingerprint => sha256('3'));
-ROLLBACK;
+COMMIT;
+SELECT idem_key, status FROM idempotency.keys WHERE tenant_id = 'lk_f' ORDER BY idem_key;
 
 -- 0: no limit
 SET idempotency.max_keys_per_transaction = 0;
