@@ -99,6 +99,8 @@ typedef struct PassPlanEntry
 
 static MemoryContext citus_cxt = NULL;
 static bool citus_valid = false;
+/* citus_ensure is reading the catalogs (idem_citus_custom_plans) */
+static bool citus_ensuring = false;
 static bool citus_callback_registered = false;
 static bool citus_distributed = false;
 static Oid	citus_keys_relid = InvalidOid;
@@ -278,6 +280,7 @@ citus_ensure(void)
 
 	if (citus_valid)
 		return;
+	citus_ensuring = true;
 	if (!citus_callback_registered)
 	{
 		idem_register_relcache_callback(citus_relcache_callback);
@@ -330,6 +333,7 @@ citus_ensure(void)
 		!OidIsValid(citus_keys_relid))
 	{
 		citus_valid = true;
+		citus_ensuring = false;
 		return;
 	}
 
@@ -368,6 +372,7 @@ citus_ensure(void)
 	}
 	SPI_finish();
 	citus_valid = true;
+	citus_ensuring = false;
 }
 
 /* The shard holding "tenant" (its hash range), or NULL. */
@@ -532,6 +537,23 @@ idem_citus_passes(void)
 bool
 idem_citus_distributed(void)
 {
+	citus_ensure();
+	return citus_distributed;
+}
+
+/*
+ * idem_citus_custom_plans
+ *		Whether idem_saved_plan should prepare for custom plans: when the
+ *		tables are distributed, Citus's local execution keeps a copy of
+ *		each run of a generic plan over a distributed table in the plan's
+ *		memory.  The catalog reads of citus_ensure itself are not such
+ *		statements (and must not call it again).
+ */
+bool
+idem_citus_custom_plans(void)
+{
+	if (citus_ensuring)
+		return false;
 	citus_ensure();
 	return citus_distributed;
 }

@@ -1569,11 +1569,17 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
                     WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.outbox'::pg_catalog.regclass) THEN
         -- each node draws outbox ids from a sequence of its own, which
-        -- starts at 1 on a worker: move every worker's past the ids of the
-        -- rows enqueued here before, which the shards take with them, or
-        -- an enqueue would collide with them (23505) and ids would go back.
-        -- The command carries one number, which this function computed.
+        -- starts at 1 on a worker: move every worker's past every id this
+        -- node gave, those of the rows the shards take with them (or an
+        -- enqueue would collide with them, 23505) and those of rows
+        -- delivered and deleted (which relays have seen: an id never comes
+        -- again).  The command carries one number, which this function
+        -- computed.
         SELECT pg_catalog.max(o.id) INTO last_id FROM idempotency.outbox o;
+        SELECT pg_catalog.max(v) INTO last_id
+          FROM (VALUES (last_id),
+                       ((SELECT s.last_value FROM idempotency.outbox_id_seq s
+                          WHERE s.is_called))) AS ids(v);
         PERFORM pg_catalog.create_distributed_table('idempotency.outbox', 'tenant_id',
                                                     colocate_with => 'idempotency.keys');
         IF last_id IS NOT NULL THEN

@@ -73,6 +73,15 @@ idem_saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes,
 	if (*cache != NULL)
 		return *cache;
 
+	/*
+	 * On Citus a statement over a distributed table runs through Citus's
+	 * local execution on the node holding the shard, which keeps a copy of
+	 * each run in a generic plan's memory for the life of the plan (tens of
+	 * kilobytes per call, without bound); a custom plan is freed after each
+	 * run.
+	 */
+	if (idem_citus_custom_plans())
+		cursor_options |= CURSOR_OPT_CUSTOM_PLAN;
 	plan = SPI_prepare_cursor(sql, nargs, argtypes, cursor_options);
 	if (plan == NULL)
 		elog(ERROR, "SPI_prepare failed: %s",

@@ -309,6 +309,7 @@ extern int	idem_citus_passes(void);
 
 /* Whether the keys table is distributed (this node's keys are in shards). */
 extern bool idem_citus_distributed(void);
+extern bool idem_citus_custom_plans(void);
 extern void idem_citus_init(void);
 extern int	idem_citus_first_pass(int npasses);
 extern void idem_citus_enter(int pass);

@@ -57,5 +57,38 @@ is($node->safe_psql('u',
 	'replay 201', 'the key completed while the update waited replays');
 
 $_->quit for ($s1, $upd, $s2);
+
+# A lookup that queues behind the update on idempotency.keys: the update
+# replaces idem_lookup (its result type changes), so the call that named
+# the old function fails once, with PostgreSQL's XX000, as README says,
+# and answers when run again.
+$node->safe_psql('postgres', 'CREATE DATABASE u2');
+$node->safe_psql('u2', "CREATE EXTENSION idempotency VERSION '1.0'");
+$s1 = $node->background_psql('u2');
+$s1->query_safe('BEGIN');
+$s1->query_safe('LOCK idempotency.keys IN ACCESS SHARE MODE');
+$upd = $node->background_psql('u2', on_error_stop => 0);
+$upd->query_until(qr/update started/,
+	"\\echo update started\nALTER EXTENSION idempotency UPDATE;\n");
+$node->poll_query_until('u2',
+	q{SELECT count(*) = 1 FROM pg_stat_activity
+	   WHERE wait_event_type = 'Lock' AND query LIKE 'ALTER EXTENSION%'})
+  or die 'the update did not wait';
+my $s3 = $node->background_psql('u2', on_error_stop => 0);
+$s3->query_until(qr/lookup started/,
+	"\\set VERBOSITY verbose\n\\echo lookup started\nSELECT status FROM idem_lookup('t', 'pay', 'x1');\n");
+$node->poll_query_until('u2',
+	q{SELECT count(*) = 1 FROM pg_stat_activity
+	   WHERE wait_event_type = 'Lock' AND query LIKE '%idem_lookup%'})
+  or die 'the lookup did not queue';
+$s1->query_safe('COMMIT');
+($uout, $uerr) = run_in($upd, 'SELECT 1');
+is($uerr, '', 'the second update went through');
+my ($lout, $lerr) = run_in($s3, 'SELECT 1');
+like($lerr, qr/XX000: cache lookup failed for function/,
+	'a lookup that queued behind the update fails once with XX000');
+($lout, $lerr) = run_in($s3, q{SELECT count(*) FROM idem_lookup('t', 'pay', 'x1')});
+is("$lout|$lerr", '0|', 'and answers when run again');
+$_->quit for ($s1, $upd, $s3);
 $node->stop;
 done_testing();

@@ -1,7 +1,10 @@
 # README's Getting Started runs as written: its SQL blocks, in order, in
 # psql against a database with the extension (pg_cron in the same
 # database, and a database "shop" for the block that schedules its
-# maintenance).  Documentation that drifts from the code fails here.
+# maintenance).  Each block runs as the role it names (SET ROLE): the
+# application's, the worker's and the administrator's login roles, so a
+# block that needs more than its role has fails here.  Documentation
+# that drifts from the code fails here.
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
@@ -29,6 +32,14 @@ my $ok = IPC::Run::run(
 	[ 'psql', '-X', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres'), '-f', $script ],
 	'>', \$out, '2>', \$err);
 ok($ok, 'every block runs without an error') or diag($err);
+# the blocks ran as the roles they name
+like($out, qr/^SET$/m, 'the blocks take their roles');
+is($node->safe_psql('postgres',
+		q{SELECT string_agg(r.rolname || ':' || m.rolname, ',' ORDER BY r.rolname)
+		    FROM pg_auth_members a JOIN pg_roles r ON r.oid = a.member
+		    JOIN pg_roles m ON m.oid = a.roleid WHERE r.rolname LIKE 'my\_%'}),
+	'my_app:idempotency_app,my_dba:idempotency_admin,my_worker:idempotency_worker',
+	'each login role is granted one role of the extension');
 like($out, qr/^ replay  \|\s+201 \|\s+201 \| \{"order_id": 1001\}/m,
 	'the retry replays the stored response, as the README shows');
 like($out, qr/^ dead$/m, 'the failed delivery is a dead letter');
