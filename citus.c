@@ -99,6 +99,7 @@ typedef struct PassPlanEntry
 
 static MemoryContext citus_cxt = NULL;
 static bool citus_valid = false;
+
 /* citus_ensure is reading the catalogs (idem_citus_custom_plans) */
 static bool citus_ensuring = false;
 static bool citus_callback_registered = false;

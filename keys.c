@@ -1117,9 +1117,9 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 
 	/*
 	 * The DROP EXTENSION that made this transaction forget its reservations
-	 * is undone: back to the reservations of before, the oldest set aside
-	 * at or after the aborted subtransaction.  Whatever was reserved since
-	 * was made in the aborted subtransactions and goes.
+	 * is undone: back to the reservations of before, the oldest set aside at
+	 * or after the aborted subtransaction.  Whatever was reserved since was
+	 * made in the aborted subtransactions and goes.
 	 */
 	while (held_shelf != NULL && held_shelf->subid >= mySubid)
 	{
@@ -1410,8 +1410,8 @@ reserve_wait_lock(LOCKTAG *tag, int timeout_ms)
 
 		/*
 		 * Hand the lock to the caller's subtransaction, as if taken there
-		 * (keys_lock_acquire), so that the caller can give it back early
-		 * with keys_lock_release.
+		 * (keys_lock_acquire), so that the caller can give it back early with
+		 * keys_lock_release.
 		 */
 		subowner = CurrentResourceOwner;
 		CurrentResourceOwner = xactowner;
