@@ -17,6 +17,22 @@ $node->safe_psql('u', "CREATE EXTENSION idempotency VERSION '1.0'");
 $node->safe_psql('u',
 	q{SELECT idem_configure_scope('pay', '{"ttl": "1 day"}')});
 
+# In a new session of database $db, run $sql (after the psql commands in
+# $pre), and return the session once the statement waits for a lock (its
+# text matching the LIKE pattern $like).
+sub start_waiting
+{
+	my ($db, $pre, $sql, $like, $what) = @_;
+	my $s = $node->background_psql($db, on_error_stop => 0);
+	$s->query_until(qr/statement started/,
+		"$pre\\echo statement started\n$sql\n");
+	$node->poll_query_until($db,
+		qq{SELECT count(*) = 1 FROM pg_stat_activity
+		    WHERE wait_event_type = 'Lock' AND query LIKE '$like'})
+	  or die "$what did not wait";
+	return $s;
+}
+
 # a request holding its reservation
 my $s1 = $node->background_psql('u');
 $s1->query_safe('BEGIN');
@@ -24,22 +40,13 @@ is($s1->query_safe(q{SELECT outcome FROM idem_reserve('t', 'pay', 'x1', '{}'::js
 	'created', 'a request holds its reservation');
 
 # the update waits for it
-my $upd = $node->background_psql('u', on_error_stop => 0);
-$upd->query_until(qr/update started/,
-	"\\echo update started\nALTER EXTENSION idempotency UPDATE;\n");
-$node->poll_query_until('u',
-	q{SELECT count(*) = 1 FROM pg_stat_activity
-	   WHERE wait_event_type = 'Lock' AND query LIKE 'ALTER EXTENSION%'})
-  or die 'the update did not wait for the reservation';
+my $upd = start_waiting('u', '', 'ALTER EXTENSION idempotency UPDATE;',
+	'ALTER EXTENSION%', 'the update');
 
 # a request on a new connection queues behind the update
-my $s2 = $node->background_psql('u', on_error_stop => 0);
-$s2->query_until(qr/request started/,
-	"\\echo request started\nSELECT outcome FROM idem_reserve('t', 'pay', 'x2', '{}'::jsonb);\n");
-$node->poll_query_until('u',
-	q{SELECT count(*) = 1 FROM pg_stat_activity
-	   WHERE wait_event_type = 'Lock' AND query LIKE '%''x2''%'})
-  or die 'the new request did not queue';
+my $s2 = start_waiting('u', '',
+	q{SELECT outcome FROM idem_reserve('t', 'pay', 'x2', '{}'::jsonb);},
+	q{%''x2''%}, 'the new request');
 
 # the reservation commits: the update runs, then the new request
 $s1->query_safe(q{SELECT idem_complete('t', 'pay', 'x1', 201, '{"id": 1}')});
@@ -67,20 +74,11 @@ $node->safe_psql('u2', "CREATE EXTENSION idempotency VERSION '1.0'");
 $s1 = $node->background_psql('u2');
 $s1->query_safe('BEGIN');
 $s1->query_safe('LOCK idempotency.keys IN ACCESS SHARE MODE');
-$upd = $node->background_psql('u2', on_error_stop => 0);
-$upd->query_until(qr/update started/,
-	"\\echo update started\nALTER EXTENSION idempotency UPDATE;\n");
-$node->poll_query_until('u2',
-	q{SELECT count(*) = 1 FROM pg_stat_activity
-	   WHERE wait_event_type = 'Lock' AND query LIKE 'ALTER EXTENSION%'})
-  or die 'the update did not wait';
-my $s3 = $node->background_psql('u2', on_error_stop => 0);
-$s3->query_until(qr/lookup started/,
-	"\\set VERBOSITY verbose\n\\echo lookup started\nSELECT status FROM idem_lookup('t', 'pay', 'x1');\n");
-$node->poll_query_until('u2',
-	q{SELECT count(*) = 1 FROM pg_stat_activity
-	   WHERE wait_event_type = 'Lock' AND query LIKE '%idem_lookup%'})
-  or die 'the lookup did not queue';
+$upd = start_waiting('u2', '', 'ALTER EXTENSION idempotency UPDATE;',
+	'ALTER EXTENSION%', 'the second update');
+my $s3 = start_waiting('u2', "\\set VERBOSITY verbose\n",
+	q{SELECT status FROM idem_lookup('t', 'pay', 'x1');},
+	'%idem_lookup%', 'the lookup');
 $s1->query_safe('COMMIT');
 ($uout, $uerr) = run_in($upd, 'SELECT 1');
 is($uerr, '', 'the second update went through');
