@@ -1533,6 +1533,7 @@ DECLARE
     fn pg_catalog.regprocedure;
     last_id pg_catalog.int8;
     failed pg_catalog.text;
+    unsafe_triggers pg_catalog.text;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension
                     WHERE extname OPERATOR(pg_catalog.=) 'citus') THEN
@@ -1547,7 +1548,9 @@ BEGIN
     END IF;
 
     -- Citus copies the statement triggers of scopes and tenant_bindings to
-    -- their placements only with this on; they read no other table
+    -- their placements only with this on (they read no other table); the
+    -- caller's value is given back below
+    unsafe_triggers := pg_catalog.current_setting('citus.enable_unsafe_triggers', true);
     PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
                     WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.scopes'::pg_catalog.regclass) THEN
@@ -1557,6 +1560,8 @@ BEGIN
                     WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.tenant_bindings'::pg_catalog.regclass) THEN
         PERFORM pg_catalog.create_reference_table('idempotency.tenant_bindings');
     END IF;
+    PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers',
+                                  pg_catalog.coalesce(unsafe_triggers, 'off'), true);
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
                     WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass) THEN
         IF shard_count IS NULL THEN

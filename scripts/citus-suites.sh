@@ -80,6 +80,11 @@ suite_distribute() {
     q "$PC" -c "DELETE FROM idempotency.outbox WHERE topic = 'pre.topic'" >/dev/null
     # running it again finishes what is missing: nothing
     q "$PC" -c "SELECT idem_citus_distribute()" >/dev/null || fail "idem_citus_distribute() a second time"
+    # the setting it needs for the reference tables' triggers does not stay
+    # on for the rest of the caller's transaction
+    err=$(printf '%s\n' "BEGIN;" "SELECT idem_citus_distribute();" \
+              "SELECT current_setting('citus.enable_unsafe_triggers');" "COMMIT;" | q "$PC" 2>&1 | tail -n 1)
+    [ "$err" = off ] || fail "citus.enable_unsafe_triggers after idem_citus_distribute(): $err"
     err=$(q "$PC" -c "SELECT idem_citus_distribute(0)" 2>&1)
     case $err in *"shard_count must be positive"*) ;; *) fail "idem_citus_distribute(0): $err" ;; esac
     local got
