@@ -71,8 +71,11 @@ BEGIN
         SELECT pg_catalog.max(o.id) INTO last_id FROM idempotency.outbox o;
         SELECT pg_catalog.max(v) INTO last_id
           FROM (VALUES (last_id),
-                       ((SELECT s.last_value FROM idempotency.outbox_id_seq s
-                          WHERE s.is_called))) AS ids(v);
+                       -- the last id given; one below the next when the
+                       -- sequence was restarted (none when never used)
+                       ((SELECT pg_catalog.nullif(CASE WHEN s.is_called THEN s.last_value
+                                                       ELSE s.last_value OPERATOR(pg_catalog.-) 1 END, 0)
+                           FROM idempotency.outbox_id_seq s))) AS ids(v);
         PERFORM pg_catalog.create_distributed_table('idempotency.outbox', 'tenant_id',
                                                     colocate_with => 'idempotency.keys');
         IF last_id IS NOT NULL THEN
