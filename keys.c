@@ -294,7 +294,8 @@ static Oid	reservation_relid = InvalidOid;
  */
 typedef struct HeldKey
 {
-	uint64		hash;			/* hash key */
+	uint64		hash;			/* hash key: the key's and its table's */
+	Oid			relid;			/* the keys table it belongs to */
 	SubTransactionId subid;
 	pg_uuid_t	token;
 	char	   *scope;			/* in TopTransactionContext; for the guard */
@@ -351,26 +352,12 @@ typedef struct HeldUndo
 static HTAB *held_keys = NULL;
 
 /*
- * The keys table held_keys's reservations belong to: a DROP EXTENSION in
- * the same transaction takes them with the table (held_forget_all).
+ * Each reservation belongs to the keys table it was made in (HeldKey.relid,
+ * part of its hash key): after DROP EXTENSION and CREATE EXTENSION in the
+ * same transaction, the new table's calls never see the old table's
+ * reservations, and a rollback to a savepoint before the DROP, which
+ * brings the old table back, brings them back with it.
  */
-static Oid	held_relid = InvalidOid;
-static void held_forget_all(void);
-
-/*
- * Reservations set aside by held_forget_all inside a subtransaction: if
- * it aborts, the DROP EXTENSION is undone and so is the forgetting.  A
- * stack, newest (highest subid) first, in TopTransactionContext.
- */
-typedef struct HeldShelf
-{
-	SubTransactionId subid;
-	HTAB	   *keys;
-	Oid			relid;
-	struct HeldShelf *next;
-} HeldShelf;
-
-static HeldShelf *held_shelf = NULL;
 static bool held_callbacks_registered = false;
 static HTAB *scope_cache = NULL;
 
@@ -628,9 +615,6 @@ keys_ensure_cache(void)
 		if (!OidIsValid(scopes_relid) || !OidIsValid(keys_relid) ||
 			!OidIsValid(keys_pkey_relid))
 			elog(ERROR, "tables of the idempotency extension not found");
-		/* the extension was dropped and created again in this transaction */
-		if (held_keys != NULL && held_relid != keys_relid)
-			held_forget_all();
 		scopes_have_retryable =
 			get_attnum(scopes_relid, "retryable_codes") != InvalidAttrNumber;
 		for (i = 0; i < KEYS_ATT_COUNT; i++)
@@ -1074,7 +1058,6 @@ held_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 			/* the memory goes with TopTransactionContext */
 			held_keys = NULL;
-			held_shelf = NULL;
 			held_flushing = false;
 			break;
 		default:
@@ -1089,50 +1072,9 @@ held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	HASH_SEQ_STATUS status;
 	HeldKey    *entry;
 
+	(void) parentSubid;
 	(void) arg;
-	if (event == SUBXACT_EVENT_COMMIT_SUB)
-	{
-		/* what the committed subtransaction set aside is its parent's now */
-		if (parentSubid != TopSubTransactionId)
-		{
-			for (HeldShelf *shelf = held_shelf;
-				 shelf != NULL && shelf->subid >= mySubid;
-				 shelf = shelf->next)
-				shelf->subid = parentSubid;
-			return;
-		}
-		/* no abort can bring these back any more */
-		while (held_shelf != NULL && held_shelf->subid >= mySubid)
-		{
-			HeldShelf  *shelf = held_shelf;
-
-			held_shelf = shelf->next;
-			hash_destroy(shelf->keys);
-			pfree(shelf);
-		}
-		return;
-	}
-	if (event != SUBXACT_EVENT_ABORT_SUB)
-		return;
-
-	/*
-	 * The DROP EXTENSION that made this transaction forget its reservations
-	 * is undone: back to the reservations of before, the oldest set aside at
-	 * or after the aborted subtransaction.  Whatever was reserved since was
-	 * made in the aborted subtransactions and goes.
-	 */
-	while (held_shelf != NULL && held_shelf->subid >= mySubid)
-	{
-		HeldShelf  *shelf = held_shelf;
-
-		held_shelf = shelf->next;
-		if (held_keys != NULL)
-			hash_destroy(held_keys);
-		held_keys = shelf->keys;
-		held_relid = shelf->relid;
-		pfree(shelf);
-	}
-	if (held_keys == NULL)
+	if (event != SUBXACT_EVENT_ABORT_SUB || held_keys == NULL)
 		return;
 
 	/*
@@ -1198,31 +1140,11 @@ held_free_undo(HeldUndo *u, HeldUndo *stop)
 	}
 }
 
-/*
- * Drop this transaction's reservations of a keys table that is gone.  In a
- * subtransaction they are set aside instead: a rollback to a savepoint
- * before the DROP EXTENSION brings the table and them back.
- */
-static void
-held_forget_all(void)
+/* The hash key of "id"'s reservation in the current keys table. */
+static inline uint64
+held_hash(KeyIdent *id)
 {
-	SubTransactionId cur = GetCurrentSubTransactionId();
-
-	if (cur == TopSubTransactionId)
-		hash_destroy(held_keys);
-	else
-	{
-		HeldShelf  *shelf = MemoryContextAlloc(TopTransactionContext,
-											   sizeof(HeldShelf));
-
-		shelf->subid = cur;
-		shelf->keys = held_keys;
-		shelf->relid = held_relid;
-		shelf->next = held_shelf;
-		held_shelf = shelf;
-	}
-	held_keys = NULL;
-	held_relid = InvalidOid;
+	return hash_combine64(keys_hash(id), (uint64) keys_relid);
 }
 
 /*
@@ -1255,7 +1177,7 @@ held_save(HeldKey *entry)
 static HeldKey *
 held_enter(KeyIdent *id, bool *found)
 {
-	uint64		hash = keys_hash(id);
+	uint64		hash = held_hash(id);
 	HeldKey    *entry;
 
 	if (!held_callbacks_registered)
@@ -1274,12 +1196,12 @@ held_enter(KeyIdent *id, bool *found)
 		ctl.hcxt = TopTransactionContext;
 		held_keys = hash_create("idempotency reservations of this transaction",
 								16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-		held_relid = keys_relid;
 	}
 	entry = (HeldKey *) hash_search(held_keys, &hash, HASH_ENTER, found);
 	if (!*found)
 	{
 		/* a later proof of the same key keeps the first (outermost) subid */
+		entry->relid = keys_relid;
 		entry->subid = GetCurrentSubTransactionId();
 		entry->scope = MemoryContextStrdup(TopTransactionContext, id->scope);
 		entry->pending = false;
@@ -1336,14 +1258,16 @@ idem_holds_reservation(char **scopes, int nscopes)
 
 	if (held_keys == NULL)
 		return false;
-	/* after DROP and CREATE EXTENSION in this transaction: none of these */
+
+	/*
+	 * after DROP and CREATE EXTENSION in this transaction: the current
+	 * table's
+	 */
 	keys_ensure_cache();
-	if (held_keys == NULL)
-		return false;
 	hash_seq_init(&status, held_keys);
 	while ((entry = (HeldKey *) hash_seq_search(&status)) != NULL)
 	{
-		if (entry->released)
+		if (entry->released || entry->relid != keys_relid)
 			continue;
 		if (nscopes == 0)
 		{
@@ -1370,7 +1294,7 @@ held_find(KeyIdent *id)
 
 	if (held_keys == NULL)
 		return NULL;
-	hash = keys_hash(id);
+	hash = held_hash(id);
 	return (HeldKey *) hash_search(held_keys, &hash, HASH_FIND, NULL);
 }
 
@@ -2217,12 +2141,6 @@ held_flush_all(void)
 
 	if (held_keys == NULL)
 		return;
-	/* the table went with a DROP EXTENSION in this transaction */
-	if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(held_relid)))
-	{
-		held_forget_all();
-		return;
-	}
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
 	held_flushing = true;
 	hash_seq_init(&status, held_keys);
@@ -2230,9 +2148,22 @@ held_flush_all(void)
 	{
 		if (!entry->pending)
 			continue;
+
+		/*
+		 * The table went with a DROP EXTENSION in this transaction, and the
+		 * reservation with it.  A table that is there is the current one (one
+		 * name in one schema): the cache reads it again if a rollback to a
+		 * savepoint brought it back.
+		 */
+		if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(entry->relid)))
+			continue;
+		if (entry->relid != keys_relid)
+			keys_ensure_cache();
+		if (entry->relid != keys_relid)
+			continue;
 		if (!connected)
 		{
-			Relation	rel = RelationIdGetRelation(held_relid);
+			Relation	rel = RelationIdGetRelation(keys_relid);
 			bool		runs_code = RelationIsValid(rel) &&
 				(rel->trigdesc != NULL || rel->rd_rules != NULL);
 

@@ -201,6 +201,57 @@ succeeded
 saved-1 succeeded
 saved-2 processing",
 	'the reservations held before the savepoint are held again after the rollback');
+# nothing between the rollback and the commit: the reservation brought
+# back is written into the table brought back (COMMIT wrote it into the
+# rolled-back table's OID: XX000, and the whole transaction was lost)
+($out, $err) = run_in($warm, q{
+CREATE TEMP TABLE saved_orders (id int);
+BEGIN;
+INSERT INTO saved_orders VALUES (1);
+SELECT outcome FROM idem_reserve('warm', 'orders', 'saved-5', '{}');
+SAVEPOINT a;
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency;
+SELECT count(*) FROM idem_lookup('warm', 'orders', 'saved-5');
+ROLLBACK TO SAVEPOINT a;
+COMMIT;
+SELECT count(*) FROM saved_orders;
+SELECT idem_key || ' ' || status FROM idempotency.keys WHERE idem_key = 'saved-5';
+});
+is($err, '', 'COMMIT right after the rollback to the savepoint');
+is($out, "created
+0
+1
+saved-5 processing", 'writes the reservation brought back, and the rest of the transaction');
+# the DROP kept and a savepoint rolled back after it: the old table's
+# reservation stays gone, and a key reserved after the rollback is
+# written (it went with the old reservations and was never written)
+($out, $err) = run_in($warm, q{
+BEGIN;
+SELECT outcome FROM idem_reserve('warm', 'orders', 'saved-6', '{}');
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency;
+SAVEPOINT b;
+SELECT count(*) FROM idem_lookup('warm', 'orders', 'saved-x');
+ROLLBACK TO SAVEPOINT b;
+CREATE TEMP TABLE saved_refunds (id int);
+CREATE TRIGGER need_key BEFORE INSERT ON saved_refunds
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_require_reservation('orders');
+SAVEPOINT c;
+INSERT INTO saved_refunds VALUES (1);
+ROLLBACK TO SAVEPOINT c;
+SELECT outcome FROM idem_reserve('warm', 'orders', 'saved-7', '{}');
+DROP TABLE saved_refunds;
+COMMIT;
+SELECT string_agg(idem_key || ' ' || status, ', ' ORDER BY idem_key)
+  FROM idempotency.keys WHERE idem_key LIKE 'saved-%';
+});
+like($err, qr/INSERT into pg_temp_\d+.saved_refunds requires an idempotency reservation/,
+	"the guard does not count the dropped table's reservation");
+is($out, "created
+0
+created
+saved-7 processing", 'a key reserved after the rollback is written; the dropped one is gone');
 # the same, where the savepoint that forgot them is released into the
 # transaction: the DROP stays, and so does the forgetting
 ($out, $err) = run_in($warm, q{
