@@ -29,6 +29,12 @@ BEGIN
             USING ERRCODE = 'feature_not_supported',
                   HINT = 'On the Citus coordinator, CREATE EXTENSION citus and add the worker nodes first (README, "Running on Citus").';
     END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_dist_local_group
+                WHERE groupid OPERATOR(pg_catalog.<>) 0) THEN
+        RAISE EXCEPTION 'idem_citus_distribute runs on the Citus coordinator, not on a worker'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Connect to the coordinator and run it there: it distributes the tables on every node.';
+    END IF;
     IF shard_count IS NOT NULL AND shard_count OPERATOR(pg_catalog.<) 1 THEN
         RAISE EXCEPTION 'shard_count must be positive'
             USING ERRCODE = 'invalid_parameter_value',

@@ -85,6 +85,10 @@ suite_distribute() {
     err=$(printf '%s\n' "BEGIN;" "SELECT idem_citus_distribute();" \
               "SELECT current_setting('citus.enable_unsafe_triggers');" "COMMIT;" | q "$PC" 2>&1 | tail -n 1)
     [ "$err" = off ] || fail "citus.enable_unsafe_triggers after idem_citus_distribute(): $err"
+    # on a worker: refused, saying where to run it
+    err=$(q "$PW1" -v VERBOSITY=verbose -c "SELECT idem_citus_distribute()" 2>&1)
+    case $err in *"55000: idem_citus_distribute runs on the Citus coordinator"*) ;;
+        *) fail "idem_citus_distribute() on a worker: $err" ;; esac
     err=$(q "$PC" -c "SELECT idem_citus_distribute(0)" 2>&1)
     case $err in *"shard_count must be positive"*) ;; *) fail "idem_citus_distribute(0): $err" ;; esac
     local got
