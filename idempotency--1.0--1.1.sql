@@ -1567,7 +1567,7 @@ BEGIN
         PERFORM pg_catalog.create_reference_table('idempotency.tenant_bindings');
     END IF;
     PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers',
-                                  pg_catalog.coalesce(unsafe_triggers, 'off'), true);
+                                  COALESCE(unsafe_triggers, 'off'), true);
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
                     WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass) THEN
         IF shard_count IS NULL THEN
