@@ -79,7 +79,7 @@ BEGIN
           FROM (VALUES (last_id),
                        -- the last id given; one below the next when the
                        -- sequence was restarted (none when never used)
-                       ((SELECT pg_catalog.nullif(CASE WHEN s.is_called THEN s.last_value
+                       ((SELECT NULLIF(CASE WHEN s.is_called THEN s.last_value
                                                        ELSE s.last_value OPERATOR(pg_catalog.-) 1 END, 0)
                            FROM idempotency.outbox_id_seq s))) AS ids(v);
         PERFORM pg_catalog.create_distributed_table('idempotency.outbox', 'tenant_id',
