@@ -1258,11 +1258,7 @@ idem_holds_reservation(char **scopes, int nscopes)
 
 	if (held_keys == NULL)
 		return false;
-
-	/*
-	 * after DROP and CREATE EXTENSION in this transaction: the current
-	 * table's
-	 */
+	/* only the current table's (see held_hash) */
 	keys_ensure_cache();
 	hash_seq_init(&status, held_keys);
 	while ((entry = (HeldKey *) hash_seq_search(&status)) != NULL)
