@@ -333,6 +333,14 @@ typedef struct HeldKey
 static int	keys_pending_plain = -1;
 
 /*
+ * keys_open_plain found every column of idempotency.keys where the row
+ * puts it, of its own type, and nothing has changed the table since: any
+ * change (an ALTER TABLE of this transaction too, at its next command)
+ * invalidates its relcache entry, which clears this.
+ */
+static bool keys_columns_checked = false;
+
+/*
  * The state of a HeldKey before subtransaction "subid" first changed it.
  * Subtransaction IDs grow in start order, and while a subtransaction runs
  * only it and the ones it starts change anything: so the records of the
@@ -472,7 +480,10 @@ keys_relcache_callback(Datum arg, Oid relid)
 	 * again.
 	 */
 	if (relid == InvalidOid || relid == keys_relid)
+	{
 		keys_pending_plain = -1;
+		keys_columns_checked = false;
+	}
 	if (relid == InvalidOid || relid == scopes_relid || relid == keys_relid ||
 		relid == keys_pkey_relid || relid == reservation_relid)
 	{
@@ -605,6 +616,7 @@ keys_ensure_cache(void)
 												   ALLOCSET_SMALL_SIZES);
 		else
 			MemoryContextReset(keys_cache_cxt);
+		keys_columns_checked = false;
 		scope_cache = NULL;
 		reservation_desc = NULL;
 
@@ -1833,10 +1845,11 @@ keys_open_plain(LOCKMODE lockmode, bool *colnulls, Relation *heap_out,
 
 	/*
 	 * Each column where the row puts it, of its own type (no domain, no type
-	 * modifier), as the table is now: at commit the cache may predate an
-	 * ALTER TABLE of this transaction
+	 * modifier), as the table is now: at commit the row may have been formed
+	 * before an ALTER TABLE of this transaction.  Checked again after any
+	 * change to the table (keys_columns_checked).
 	 */
-	for (i = 0; i < KEYS_ATT_COUNT; i++)
+	for (i = 0; !keys_columns_checked && i < KEYS_ATT_COUNT; i++)
 	{
 		Form_pg_attribute att;
 		Oid			expected = OidIsValid(keys_att_types[i]) ?
@@ -1850,6 +1863,7 @@ keys_open_plain(LOCKMODE lockmode, bool *colnulls, Relation *heap_out,
 			att->atttypid != expected || att->atttypmod != -1)
 			return false;
 	}
+	keys_columns_checked = true;
 	indexes = RelationGetIndexList(heap);
 	nindexes = list_length(indexes);
 	rels = palloc(nindexes * sizeof(Relation));
