@@ -1772,3 +1772,43 @@ DELETE FROM pg_catalog.pg_init_privs ip
                   AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
                   AND d.deptype OPERATOR(pg_catalog.=) 'e'
                   AND e.extname OPERATOR(pg_catalog.=) 'idempotency');
+
+/*
+ * A maintenance job version 1.0 scheduled calls its procedure through the
+ * schema the functions were installed in, such as public, which the
+ * database owner may own: run as the job's superuser, it would call
+ * whatever that owner put in its place.  The job calls
+ * idempotency.maintain from now on (same arguments, same schedule), where
+ * pg_cron is in this database; elsewhere the statement to run in pg_cron's
+ * database is given.
+ */
+DO $idem_job$
+DECLARE
+    j record;
+    crondb pg_catalog.text := pg_catalog.current_setting('cron.database_name', true);
+    old_call CONSTANT pg_catalog.text := '^CALL .*\.idem_maintain\(';
+BEGIN
+    IF pg_catalog.to_regclass('cron.job') IS NOT NULL THEN
+        FOR j IN SELECT c.jobid, c.command FROM cron.job c
+                  WHERE c.database OPERATOR(pg_catalog.=) pg_catalog.current_database()
+                    AND c.command OPERATOR(pg_catalog.~) old_call
+        LOOP
+            PERFORM cron.alter_job(j.jobid,
+                                   command => pg_catalog.regexp_replace(j.command, old_call,
+                                                                        'CALL idempotency.maintain('));
+        END LOOP;
+    ELSIF crondb IS NOT NULL AND crondb OPERATOR(pg_catalog.<>) pg_catalog.current_database() THEN
+        RAISE WARNING 'a maintenance job version 1.0 scheduled for database "%" must be changed in database "%"',
+                      pg_catalog.current_database(), crondb
+            USING DETAIL = 'Its command calls idem_maintain through a schema the database owner may control, as a superuser.',
+                  HINT = 'If there is one, connect to database ' OPERATOR(pg_catalog.||)
+                         pg_catalog.quote_ident(crondb) OPERATOR(pg_catalog.||)
+                         ' as a superuser and run: SELECT cron.alter_job(jobid, command => regexp_replace(command, '
+                         OPERATOR(pg_catalog.||) pg_catalog.quote_literal(old_call)
+                         OPERATOR(pg_catalog.||) ', ''CALL idempotency.maintain('')) FROM cron.job WHERE database = '
+                         OPERATOR(pg_catalog.||) pg_catalog.quote_literal(pg_catalog.current_database())
+                         OPERATOR(pg_catalog.||) ' AND command ~ '
+                         OPERATOR(pg_catalog.||) pg_catalog.quote_literal(old_call) OPERATOR(pg_catalog.||) ';';
+    END IF;
+END
+$idem_job$;

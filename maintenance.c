@@ -811,6 +811,7 @@ maint_job_command(FunctionCallInfo fcinfo)
 	Oid			argtypes[3] = {INTERVALOID, INT4OID, INTERVALOID};
 	Oid			nspid = get_namespace_oid("idempotency", false);
 
+	(void) fcinfo;
 	if (SearchSysCacheExists3(PROCNAMEARGSNSP, CStringGetDatum("maintain"),
 							  PointerGetDatum(buildoidvector(argtypes, 3)),
 							  ObjectIdGetDatum(nspid)))
@@ -818,12 +819,17 @@ maint_job_command(FunctionCallInfo fcinfo)
 
 	/*
 	 * A 1.0 catalog (before ALTER EXTENSION UPDATE) has no
-	 * idempotency.maintain: its own procedure, in the extension's schema.
-	 * Schedule again after the update.
+	 * idempotency.maintain, and its own procedure is in the schema the
+	 * functions were installed in, such as public, which the database owner
+	 * may own: a job calling it there as a superuser would run whatever
+	 * that owner puts in its place.
 	 */
-	nspid = get_func_namespace(fcinfo->flinfo->fn_oid);
-	return psprintf("CALL %s.idem_maintain" MAINT_JOB_ARGS,
-					quote_identifier(get_namespace_name(nspid)));
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("the idempotency extension in this database is at version 1.0"),
+			 errdetail("Version 1.0's maintenance procedure is in a schema the database owner may control; the job must call idempotency.maintain, which the update creates."),
+			 errhint("Run ALTER EXTENSION idempotency UPDATE, then call idem_schedule_maintenance() again.")));
+	return NULL;				/* keep compiler quiet */
 }
 
 /*

@@ -176,5 +176,42 @@ $node->safe_psql('postgres', $hint_sql);
 is($node->safe_psql('postgres', 'SELECT count(*) FROM cron.job'),
 	'0', 'no job left');
 
+# A job version 1.0 scheduled calls its procedure through the schema the
+# functions were installed in (public, which the database owner may own:
+# the job runs as a superuser).  On the 1.0 catalog the 1.1 library
+# refuses to schedule such a job; the update changes an existing one to
+# call idempotency.maintain, keeping its schedule, in pg_cron's database,
+# and elsewhere warns with the statement to run there.
+my $old_call =
+  "CALL public.idem_maintain('50 seconds'::pg_catalog.interval, 1000::pg_catalog.int4, '100 milliseconds'::pg_catalog.interval)";
+for my $db (qw(postgres shop))
+{
+	$node->safe_psql($db,
+		"DROP EXTENSION idempotency; CREATE EXTENSION idempotency VERSION '1.0'");
+	$node->safe_psql('postgres',
+		"SELECT cron.schedule_in_database('idempotency-maintenance-$db', '*/5 * * * *', \$\$$old_call\$\$, '$db')");
+}
+($ret, $out, $err) = $node->psql('postgres',
+	"\\set VERBOSITY verbose\nSELECT idem_schedule_maintenance()");
+like($err, qr/55000: the idempotency extension in this database is at version 1.0/,
+	'on the 1.0 catalog, no job naming its schema is scheduled');
+like($err, qr/HINT:  Run ALTER EXTENSION idempotency UPDATE/, 'the hint says to update first');
+($ret, $out, $err) = $node->psql('postgres', 'ALTER EXTENSION idempotency UPDATE');
+is($ret, 0, "the update in pg_cron's database") or diag($err);
+is($node->safe_psql('postgres',
+		"SELECT schedule || ' | ' || command FROM cron.job WHERE jobname = 'idempotency-maintenance-postgres'"),
+	"*/5 * * * * | $maintain_call",
+	"changes the job of 1.0 to call idempotency.maintain, on its schedule");
+($ret, $out, $err) = $node->psql('shop', 'ALTER EXTENSION idempotency UPDATE');
+is($ret, 0, 'the update in another database');
+like($err, qr/WARNING:  a maintenance job version 1.0 scheduled for database "shop" must be changed in database "postgres"/,
+	'warns that its job is changed in pg_cron\'s database');
+($hint_sql) = $err =~ /HINT:\s+If there is one, connect to database postgres as a superuser and run: (.*;)/;
+ok(defined $hint_sql, 'with the statement to run there') or diag($err);
+$node->safe_psql('postgres', $hint_sql);
+is($node->safe_psql('postgres',
+		"SELECT schedule || ' | ' || command FROM cron.job WHERE jobname = 'idempotency-maintenance-shop'"),
+	"*/5 * * * * | $maintain_call", 'which changes the job of database shop');
+
 $node->stop;
 done_testing();
