@@ -198,6 +198,7 @@ exec_check_handler(ExecCache *cache, Oid handler, MemoryContext cxt)
 	HeapTuple	tup;
 	Form_pg_proc proc;
 	AclResult	aclresult;
+	Oid			nsp;
 	bool		ok;
 
 	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(handler));
@@ -231,6 +232,20 @@ exec_check_handler(ExecCache *cache, Oid handler, MemoryContext cxt)
 #endif
 	if (aclresult != ACLCHECK_OK)
 		aclcheck_error(aclresult, OBJECT_FUNCTION, get_func_name(handler));
+
+	/*
+	 * and USAGE on its schema, as naming it would need: an OID passed as
+	 * the handler does not reach into a schema closed to the caller
+	 */
+	nsp = get_func_namespace(handler);
+#if PG_VERSION_NUM >= 160000
+	aclresult = object_aclcheck(NamespaceRelationId, nsp, GetUserId(),
+								ACL_USAGE);
+#else
+	aclresult = pg_namespace_aclcheck(nsp, GetUserId(), ACL_USAGE);
+#endif
+	if (aclresult != ACLCHECK_OK)
+		aclcheck_error(aclresult, OBJECT_SCHEMA, get_namespace_name(nsp));
 
 	fmgr_info_cxt(handler, &cache->handler_fn, cxt);
 	cache->handler = handler;

@@ -209,6 +209,18 @@ SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-9', '{"sku":
 RESET ROLE;
 SELECT idem_unbind_tenant('ex_app');
 SELECT count(*) AS calls_k9 FROM ex.calls WHERE idem_key = 'k-9';
+-- a handler passed by OID needs USAGE on its schema too, as its name
+-- would: nothing runs in a schema closed to the caller
+CREATE SCHEMA ex_hidden;
+CREATE FUNCTION ex_hidden.h(tenant text, key text, request jsonb) RETURNS idempotency.response
+LANGUAGE sql AS $$ SELECT ROW(201, '{"hidden": 1}'::jsonb, NULL::jsonb)::idempotency.response $$;
+GRANT EXECUTE ON FUNCTION ex_hidden.h(text, text, jsonb) TO ex_app;
+SELECT 'ex_hidden.h(text, text, jsonb)'::regprocedure::oid AS hidden_oid \gset
+SET ROLE ex_app;
+SELECT pg_temp.err($$SELECT idem_execute('ex_a', 'POST /orders', 'k-h', '{}', $$ || :hidden_oid || $$::regproc)$$);
+RESET ROLE;
+SELECT count(*) AS keys_kh FROM idempotency.keys WHERE idem_key = 'k-h';
+DROP SCHEMA ex_hidden CASCADE;
 
 -- SELECT (idem_execute(...)).*: PostgreSQL calls the function once per
 -- column; the calls of one row are one request, whose handler runs once
