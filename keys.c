@@ -429,12 +429,16 @@ idem_keys_init(void)
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
 
+	/*
+	 * The size limits are the DBA's: a session of a tenant (bound or not)
+	 * must not lift them for itself.  Superuser, or GRANT SET ON PARAMETER.
+	 */
 	DefineCustomIntVariable("idempotency.max_request_size",
 							gettext_noop("Largest request idem_reserve accepts, as canonical JSON text."),
 							NULL,
 							&idem_max_request_size,
 							1024 * 1024, 1, INT_MAX,
-							PGC_USERSET,
+							PGC_SUSET,
 							GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 
@@ -443,7 +447,7 @@ idem_keys_init(void)
 							NULL,
 							&idem_max_response_size,
 							1024 * 1024, 1, INT_MAX,
-							PGC_USERSET,
+							PGC_SUSET,
 							GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 

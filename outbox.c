@@ -163,7 +163,7 @@ idem_outbox_init(void)
 							NULL,
 							&idem_max_payload_size,
 							1024 * 1024, 1, INT_MAX,
-							PGC_USERSET,
+							PGC_SUSET,
 							GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 

@@ -109,6 +109,15 @@ SELECT pg_temp.err(format('SELECT idem_complete(%L, %L, %L, 200, %L::jsonb)', 'k
 SELECT pg_temp.err(format('SELECT idem_complete(%L, %L, %L, 200, %L, %L::jsonb)', 'ke_a', 'orders',
                           'held', '{}', json_build_object('pad', repeat('x', 100))));
 RESET idempotency.max_response_size;
+-- the size limits are the DBA's: an application's session cannot lift them
+CREATE ROLE ke_app IN ROLE idempotency_app;
+SET ROLE ke_app;
+SET idempotency.max_request_size = '1GB';
+SET idempotency.max_response_size = '1GB';
+SET idempotency.max_payload_size = '1GB';
+SELECT set_config('idempotency.max_response_size', '1GB', true);
+RESET ROLE;
+DROP ROLE ke_app;
 -- no reservation (P0002)
 SELECT pg_temp.err($$SELECT idem_complete('ke_a', 'orders', 'never', 200, '{}')$$);
 SELECT pg_temp.err($$SELECT idem_checkpoint('ke_a', 'orders', 'never', 'step')$$);
