@@ -152,5 +152,36 @@ is_deeply([ map { $_->{id} } @messages ],
 		"SELECT id FROM idempotency.outbox WHERE tenant_id = 'relay' AND topic = '$_'") + 0 } @expected ],
 	'each message carries the id of its row');
 
+# README's REVOKE: pg_logical_emit_message is PUBLIC's by default, so any
+# role could forge a message with the prefix; revoked, a plain role cannot,
+# and an application role's enqueue still emits (the extension does not
+# call the function)
+my ($readme_revoke) = PostgreSQL::Test::Utils::slurp_file('README.md') =~
+  /(REVOKE EXECUTE ON FUNCTION pg_catalog\.pg_logical_emit_message.*?FROM PUBLIC;)/s;
+ok(defined $readme_revoke, 'README shows the REVOKE');
+$node->safe_psql('postgres', q{
+CREATE ROLE relay_plain LOGIN;
+CREATE ROLE relay_app LOGIN IN ROLE idempotency_app;
+});
+my ($ret, $out, $err) = $node->psql('postgres',
+	q{SELECT pg_logical_emit_message(true, 'idempotency.outbox', '{"tenant": "other"}')},
+	connstr => $node->connstr('postgres') . ' user=relay_plain');
+is($ret, 0, 'by default a plain role can write a message with the prefix');
+$node->safe_psql('postgres', $readme_revoke);
+($ret, $out, $err) = $node->psql('postgres',
+	q{SELECT pg_logical_emit_message(true, 'idempotency.outbox', '{"tenant": "other"}')},
+	connstr => $node->connstr('postgres') . ' user=relay_plain');
+like($err, qr/permission denied for function pg_logical_emit_message/,
+	'after the REVOKE it cannot');
+$node->safe_psql('postgres',
+	$on . q{SELECT outbox_enqueue('relay', 'after-revoke', '{}')},
+	connstr => $node->connstr('postgres') . ' user=relay_app');
+my @after = grep { /after-revoke/ } split /\n/, $node->safe_psql('postgres', q{
+SELECT convert_from(substring(data FROM 34), 'UTF8')
+  FROM pg_logical_slot_get_binary_changes('relay_pgo', NULL, NULL,
+           'proto_version', '1', 'publication_names', 'relay_pub', 'messages', 'true')
+ WHERE get_byte(data, 0) = ascii('M')});
+is(scalar(@after), 1, "and the application's enqueue still writes its message");
+
 $node->stop;
 done_testing();
