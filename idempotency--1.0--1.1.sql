@@ -1786,7 +1786,7 @@ DO $idem_job$
 DECLARE
     j record;
     crondb pg_catalog.text := pg_catalog.current_setting('cron.database_name', true);
-    old_call CONSTANT pg_catalog.text := '^CALL .*\.idem_maintain\(';
+    old_call CONSTANT pg_catalog.text := '^CALL .*[.]idem_maintain[(]';
 BEGIN
     IF pg_catalog.to_regclass('cron.job') IS NOT NULL THEN
         FOR j IN SELECT c.jobid, c.command FROM cron.job c

@@ -6,7 +6,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use Exporter 'import';
 
-our @EXPORT_OK = qw(new_idem_node catalog_snapshot have_pg_cron run_in);
+our @EXPORT_OK = qw(new_idem_node catalog_snapshot have_pg_cron run_in without_job_warning);
 
 # The server's library directory (of the pg_config first on PATH, as the
 # test clusters' binaries are).
@@ -136,6 +136,16 @@ sub run_in
 	my $err = $session->{stderr};
 	$session->{stderr} = '';
 	return ($out, $err);
+}
+
+# $stderr without the WARNING (with its DETAIL and HINT) that the update
+# from 1.0 gives in a database other than pg_cron's, where it cannot see
+# whether 1.0 scheduled a maintenance job (t/050 checks it)
+sub without_job_warning
+{
+	my ($stderr) = @_;
+	$stderr =~ s/^(?:psql:\S+ )?WARNING:  a maintenance job version 1\.0 scheduled for database .*(?:\n|\z)(?:DETAIL:  .*(?:\n|\z))?(?:HINT:  .*(?:\n|\z))?//mg;
+	return $stderr;
 }
 
 1;
