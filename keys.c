@@ -3763,8 +3763,8 @@ idem_lookup_body(PG_FUNCTION_ARGS)
 
 	/*
 	 * The cache first: a reservation held in a keys table dropped since (the
-	 * extension dropped and created again in this transaction) is forgotten,
-	 * not written into the dropped table
+	 * extension dropped and created again in this transaction) belongs to
+	 * that table, and is not written into it or into the new one
 	 */
 	keys_ensure_cache();
 	idem_spi_connect();

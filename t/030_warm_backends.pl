@@ -252,8 +252,8 @@ is($out, "created
 0
 created
 saved-7 processing", 'a key reserved after the rollback is written; the dropped one is gone');
-# the same, where the savepoint that forgot them is released into the
-# transaction: the DROP stays, and so does the forgetting
+# the same, where the savepoint of the DROP is released into the
+# transaction: the DROP stays, and the old table's reservations go with it
 ($out, $err) = run_in($warm, q{
 BEGIN;
 SELECT outcome FROM idem_reserve('warm', 'orders', 'saved-4', '{}');
