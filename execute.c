@@ -234,8 +234,8 @@ exec_check_handler(ExecCache *cache, Oid handler, MemoryContext cxt)
 		aclcheck_error(aclresult, OBJECT_FUNCTION, get_func_name(handler));
 
 	/*
-	 * and USAGE on its schema, as naming it would need: an OID passed as
-	 * the handler does not reach into a schema closed to the caller
+	 * and USAGE on its schema, as naming it would need: an OID passed as the
+	 * handler does not reach into a schema closed to the caller
 	 */
 	nsp = get_func_namespace(handler);
 #if PG_VERSION_NUM >= 160000

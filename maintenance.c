@@ -821,8 +821,8 @@ maint_job_command(FunctionCallInfo fcinfo)
 	 * A 1.0 catalog (before ALTER EXTENSION UPDATE) has no
 	 * idempotency.maintain, and its own procedure is in the schema the
 	 * functions were installed in, such as public, which the database owner
-	 * may own: a job calling it there as a superuser would run whatever
-	 * that owner puts in its place.
+	 * may own: a job calling it there as a superuser would run whatever that
+	 * owner puts in its place.
 	 */
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
