@@ -157,7 +157,7 @@ is_deeply([ map { $_->{id} } @messages ],
 # and an application role's enqueue still emits (the extension does not
 # call the function)
 my ($readme_revoke) = PostgreSQL::Test::Utils::slurp_file('README.md') =~
-  /(REVOKE EXECUTE ON FUNCTION pg_catalog\.pg_logical_emit_message.*?FROM PUBLIC;)/s;
+  /(DO \$\$\nDECLARE\n    f regprocedure;\nBEGIN\n    FOR f IN SELECT oid FROM pg_catalog\.pg_proc\n\s+WHERE proname = 'pg_logical_emit_message'.*?\n\$\$;)/s;
 ok(defined $readme_revoke, 'README shows the REVOKE');
 $node->safe_psql('postgres', q{
 CREATE ROLE relay_plain LOGIN;
