@@ -806,12 +806,11 @@ maint_cron_job_name(void)
 	" 1000::pg_catalog.int4, '100 milliseconds'::pg_catalog.interval)"
 
 static char *
-maint_job_command(FunctionCallInfo fcinfo)
+maint_job_command(void)
 {
 	Oid			argtypes[3] = {INTERVALOID, INT4OID, INTERVALOID};
 	Oid			nspid = get_namespace_oid("idempotency", false);
 
-	(void) fcinfo;
 	if (SearchSysCacheExists3(PROCNAMEARGSNSP, CStringGetDatum("maintain"),
 							  PointerGetDatum(buildoidvector(argtypes, 3)),
 							  ObjectIdGetDatum(nspid)))
@@ -1026,7 +1025,7 @@ idem_schedule_maintenance(PG_FUNCTION_ARGS)
 	if (in_seconds)
 		maint_check_seconds_schedule(schedule);
 	jobname = maint_cron_job_name();
-	command = maint_job_command(fcinfo);
+	command = maint_job_command();
 	dbname = get_database_name(MyDatabaseId);
 
 	maint_require_pg_cron(psprintf("SELECT cron.schedule_in_database(%s, %s, %s, %s);",
